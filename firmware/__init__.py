@@ -1,0 +1,1 @@
+"""The PE instruction set (one table), the assembler and the kernel library."""

@@ -1,0 +1,1 @@
+"""Amaranth HDL of the fabric: FPU, router, processing element, tile and mesh."""

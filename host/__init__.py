@@ -1,0 +1,1 @@
+"""The host stack: compiler, runtime backends, MemoryX, SwarmX and the appliance."""

@@ -1,0 +1,1 @@
+"""Simulation: the numpy golden fabric model and the cocotb testbenches."""

@@ -1,0 +1,1 @@
+"""The golden fabric model: every router and PE, wavelet by wavelet, in numpy."""
