@@ -1,0 +1,575 @@
+"""The golden model of one processing element.
+
+A :class:`PE` holds the state of section 4 of ``docs/architecture.md`` and
+executes it cycle by cycle under the control of :class:`~wse.sim.golden.fabric.Fabric`.
+Instructions that touch only the PE's own state (scalar instructions and
+vector instructions over memory) run ahead of the global clock; the PE meets
+the clock again at its next fabric access or task selection, which gives the
+same cycles as stepping it every cycle.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from wse.firmware import isa
+from wse.firmware.isa import DsdKind
+
+from . import numerics as fp
+from .errors import ProgramFault
+
+__all__ = ["PE", "compile_program"]
+
+M32 = 0xFFFFFFFF
+
+# Kinds of compiled instructions.
+K_SCALAR, K_VECTOR, K_SEND, K_RECV, K_EXIT = range(5)
+
+# Scalar element operations of the vector instructions, on bit patterns.
+_ELEMENT = {
+    "fmov": lambda a, b, s: a,
+    "fadd": lambda a, b, s: fp.add(a, b),
+    "fsub": lambda a, b, s: fp.sub(a, b),
+    "fmul": lambda a, b, s: fp.mul(a, b),
+    "fmax": lambda a, b, s: fp.fmax(a, b),
+    "fmacs": lambda a, b, s: fp.add(a, fp.mul(b, s)),
+    "fmuls": lambda a, b, s: fp.mul(a, s),
+    "fadds": lambda a, b, s: fp.add(a, s),
+    "fmaxs": lambda a, b, s: fp.fmax(a, s),
+}
+# The same, vectorized over uint32 arrays (b may be None, s a Python int).
+_VECTOR = {
+    "fmov": lambda a, b, s: a.copy(),
+    "fadd": lambda a, b, s: fp.vadd(a, b),
+    "fsub": lambda a, b, s: fp.vsub(a, b),
+    "fmul": lambda a, b, s: fp.vmul(a, b),
+    "fmax": lambda a, b, s: fp.vmax(a, b),
+    "fmacs": lambda a, b, s: fp.vadd(a, fp.vmul(b, np.uint32(s))),
+    "fmuls": lambda a, b, s: fp.vmul(a, np.uint32(s)),
+    "fadds": lambda a, b, s: fp.vadd(a, np.uint32(s)),
+    "fmaxs": lambda a, b, s: fp.vmax(a, np.uint32(s)),
+}
+_FMAC_OPS = ("fmacs", "dot")
+
+
+def _s32(value: int) -> int:
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def _scalar_closure(name: str, f: dict, sram_words: int):
+    """A function ``fn(pe) -> new pc or None`` for a scalar instruction."""
+    rd, ra, rb, imm = f.get("rd", 0), f.get("ra", 0), f.get("rb", 0), f.get("imm", 0)
+    binop = {
+        "add": lambda a, b: (a + b) & M32, "sub": lambda a, b: (a - b) & M32,
+        "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
+        "shl": lambda a, b: (a << (b & 31)) & M32, "shr": lambda a, b: a >> (b & 31),
+        "sra": lambda a, b: (_s32(a) >> (b & 31)) & M32, "mul": lambda a, b: (a * b) & M32,
+        "slt": lambda a, b: int(_s32(a) < _s32(b)), "sltu": lambda a, b: int(a < b),
+        "sfadd": fp.add, "sfsub": fp.sub, "sfmul": fp.mul, "sfmax": fp.fmax, "sflt": fp.lt,
+    }
+    immop = {
+        "addi": lambda a: (a + imm) & M32, "andi": lambda a: a & imm, "ori": lambda a: a | imm,
+        "xori": lambda a: a ^ imm, "shli": lambda a: (a << (imm & 31)) & M32,
+        "shri": lambda a: a >> (imm & 31), "srai": lambda a: (_s32(a) >> (imm & 31)) & M32,
+        "ftoi": fp.ftoi, "itof": fp.itof,
+    }
+    if name in binop:
+        op = binop[name]
+        if rd == 0:
+            return lambda pe: None
+        def fn(pe):
+            regs = pe.regs
+            regs[rd] = op(regs[ra], regs[rb])
+        return fn
+    if name in immop:
+        op = immop[name]
+        if rd == 0:
+            return lambda pe: None
+        def fn(pe):
+            regs = pe.regs
+            regs[rd] = op(regs[ra])
+        return fn
+    if name == "li":
+        value = imm & M32
+        def fn(pe):
+            if rd:
+                pe.regs[rd] = value
+        return fn
+    if name == "lui":
+        value = (imm << 16) & M32
+        def fn(pe):
+            if rd:
+                pe.regs[rd] = value
+        return fn
+    if name == "nop":
+        return lambda pe: None
+    if name == "jmp":
+        target = f["target"]
+        return lambda pe: target
+    if name in ("beq", "bne", "blt", "bge"):
+        target = f["target"]
+        cond = {"beq": lambda a, b: a == b, "bne": lambda a, b: a != b,
+                "blt": lambda a, b: _s32(a) < _s32(b), "bge": lambda a, b: _s32(a) >= _s32(b)}[name]
+        def fn(pe):
+            regs = pe.regs
+            return target if cond(regs[ra], regs[rb]) else None
+        return fn
+    if name == "ld":
+        def fn(pe):
+            addr = pe.address(pe.regs[ra] + imm)
+            if rd:
+                pe.regs[rd] = int(pe.mem[addr])
+        return fn
+    if name == "st":
+        rs = f["rs"]
+        def fn(pe):
+            pe.mem[pe.address(pe.regs[ra] + imm)] = pe.regs[rs]
+        return fn
+    if name in ("activate", "block", "unblock"):
+        task = f["task"]
+        def fn(pe):
+            pe.check_task(task)
+            if name == "activate":
+                pe.activated[task] = True
+            else:
+                pe.blocked[task] = name == "block"
+        return fn
+    if name == "ldsd":
+        dd = f["dd"]
+        def fn(pe):
+            addr = pe.address(pe.regs[ra] + imm)
+            w0, w1 = int(pe.mem[addr]), int(pe.mem[pe.address(addr + 1)])
+            stride = (w1 >> 16) & 0xFFFF
+            pe.dsd[dd] = [w1 & 3, w0 & 0xFFFF, w0 >> 16, stride - 0x10000 if stride & 0x8000 else stride]
+        return fn
+    if name in ("setb", "addb", "setl"):
+        dd = f["dd"]
+        def fn(pe):
+            value = pe.regs[ra]
+            d = pe.dsd[dd]
+            if name == "setb":
+                d[1] = value & 0xFFFF
+            elif name == "addb":
+                d[1] = (d[1] + value) & 0xFFFF
+            else:
+                d[2] = value & 0xFFFF
+        return fn
+    raise AssertionError(f"no golden semantics for {name}")  # the ISA table grew: add them here
+
+
+def compile_program(code: np.ndarray, sram_words: int) -> list:
+    """Decode instruction words into the PE's executable form: one tuple
+    ``(kind, fn_or_fields, cycles, instr)`` per instruction address. Unknown
+    opcodes compile to a fault raised only if they are executed."""
+    compiled = []
+    for word in np.asarray(code, dtype=np.uint32).tolist():
+        try:
+            ins, fields = isa.decode(word)
+        except ValueError as exc:
+            compiled.append((None, str(exc), 1, None))
+            continue
+        name = ins.name
+        if ins.is_vector:
+            compiled.append((K_VECTOR, fields, ins.cycles, ins))
+        elif name in ("send", "sendc"):
+            compiled.append((K_SEND, fields, ins.cycles, ins))
+        elif name == "recv":
+            compiled.append((K_RECV, fields, ins.cycles, ins))
+        elif name == "exit":
+            compiled.append((K_EXIT, fields, ins.cycles, ins))
+        else:
+            compiled.append((K_SCALAR, _scalar_closure(name, fields, sram_words), ins.cycles, ins))
+    return compiled
+
+
+class PE:
+    """State and execution of the PE at ``(x, y)``.
+
+    The fabric calls :meth:`step` at the cycles the PE asked for (its
+    ``time``); the PE records queue pops and pushes in the fabric's lists so
+    they apply at the end of the cycle.
+    """
+
+    def __init__(self, fabric, x: int, y: int):
+        cfg = fabric.config
+        self.fabric, self.x, self.y = fabric, x, y
+        self.index = y * cfg.width + x
+        self.sram_words = cfg.sram_words
+        self.rx = [deque() for _ in range(cfg.colors)]
+        self.rx_depth = cfg.rx_depth
+        self.tx: deque = deque()
+        self.tx_depth = cfg.tx_depth
+        self.mem = np.zeros(cfg.sram_words, dtype=np.uint32)
+        self.code: list = []
+        self.code_words = np.zeros(0, dtype=np.uint32)
+        self.regs = [0] * cfg.registers
+        self.dsd = [[0, 0, 0, 0] for _ in range(cfg.dsd_registers)]
+        ntasks = cfg.tasks
+        self.entry = [None] * ntasks
+        self.bound = [False] * ntasks
+        self.blocked = [False] * ntasks
+        self.activated = [False] * ntasks
+        self.ncolors = cfg.colors
+        self.reset_run_state()
+        self.counters = dict.fromkeys(("busy", "instructions", "fmac", "flops", "stall", "tasks"), 0)
+        self.trace: list | None = None
+
+    def reset_run_state(self) -> None:
+        self.running = False
+        self.task = None
+        self.pc = 0
+        self.time = 0            # the cycle of the PE's next step
+        self.task_start = 0
+        self.vec = None          # state of a vector instruction in progress
+        self.wait = None         # ("rx", color) / ("tx",) / ("idle",) while waiting for the fabric
+        self.instr_start = None  # cycle the current fabric instruction started (for stalls)
+        self.inflight_due = -1   # cycle at whose end a vector element is pushed to tx
+
+    # Program -------------------------------------------------------------
+    def load(self, program, compiled: list) -> None:
+        """Load a program image: code, initial data, task table."""
+        self.code = compiled
+        self.code_words = program.code
+        self.mem[:] = 0
+        for addr, words in program.data:
+            self.mem[addr:addr + len(words)] = words
+        n = len(self.entry)
+        self.entry = [None] * n
+        self.bound = [False] * n
+        self.blocked = [False] * n
+        self.activated = [False] * n
+        for task in program.tasks:
+            self.entry[task.id] = task.entry
+            self.bound[task.id] = bool(task.data_color)
+            self.blocked[task.id] = bool(task.blocked)
+
+    # Helpers used by compiled instructions --------------------------------
+    def where(self) -> str:
+        task = "no task" if self.task is None else f"task {self.task}"
+        return f"PE ({self.x}, {self.y}) {task} pc {self.pc}"
+
+    def fault(self, message: str) -> ProgramFault:
+        ins = ""
+        if 0 <= self.pc < len(self.code) and self.code[self.pc][3] is not None:
+            ins = f" ({self._disasm(self.pc)})"
+        return ProgramFault(f"{self.where()}{ins}: {message}")
+
+    def address(self, addr: int) -> int:
+        addr &= M32
+        if addr >= self.sram_words:
+            raise self.fault(f"data address {addr} outside memory 0..{self.sram_words - 1}")
+        return addr
+
+    def check_task(self, task: int) -> None:
+        if task >= len(self.entry) or self.entry[task] is None:
+            raise self.fault(f"task {task} has no entry point in the program")
+
+    def _disasm(self, pc: int) -> str:
+        ins, fields = isa.decode(int(self.code_words[pc]))
+        return ins.name + " " + ", ".join(f"{k}={v}" for k, v in fields.items())
+
+    # Scheduling ----------------------------------------------------------
+    def ready_task(self):
+        """The task the scheduler would pick now, or None (start-of-cycle state)."""
+        rx, bound, blocked, activated = self.rx, self.bound, self.blocked, self.activated
+        for task in range(len(self.entry)):
+            if blocked[task] or self.entry[task] is None:
+                continue
+            if (bound[task] and task < self.ncolors and rx[task]) or activated[task]:
+                return task
+        return None
+
+    # Execution -----------------------------------------------------------
+    def step(self, t: int) -> None:
+        """Do the PE's work of cycle ``t`` and run ahead through private
+        instructions; leaves the PE scheduled or waiting."""
+        fab = self.fabric
+        self.wait = None
+        if not self.running:
+            task = self.ready_task()
+            if task is None:
+                self.wait = ("idle",)
+                return
+            if self.bound[task] and task < self.ncolors and self.rx[task]:
+                data, ctrl = self.rx[task][0]
+                fab.rx_pops.append((self, task))
+                self.regs[isa.DATA_TASK_DATA_REG] = data
+                self.regs[isa.DATA_TASK_CTRL_REG] = ctrl
+                if self.trace is not None:
+                    self.trace.append(f"{t:8d} recv  color {task} data {data:#010x} ctrl {ctrl} (task entry)")
+            else:
+                self.activated[task] = False
+            self.running, self.task, self.pc = True, task, self.entry[task]
+            self.task_start = t
+            self.counters["tasks"] += 1
+            if self.trace is not None:
+                self.trace.append(f"{t:8d} select task {task} at pc {self.pc}")
+            self.run(t + 1, t)
+        elif self.vec is not None:
+            self.vector_element(t)
+        else:
+            self.run(t, t)
+
+    def run(self, time: int, now: int) -> None:
+        """Execute from cycle ``time`` (>= ``now``, the global cycle) until an
+        instruction needs the fabric at a cycle after ``now``."""
+        code, counters, ncode = self.code, self.counters, len(self.code)
+        fab = self.fabric
+        while True:
+            pc = self.pc
+            if not 0 <= pc < ncode:
+                raise self.fault(f"instruction fetch outside the program (0..{ncode - 1})")
+            kind, payload, cycles, ins = code[pc]
+            if kind == K_SCALAR:
+                counters["instructions"] += 1
+                if self.trace is not None:
+                    self.trace.append(f"{time:8d} task {self.task} pc {pc:4d} {self._disasm(pc)}")
+                npc = payload(self)
+                self.pc = pc + 1 if npc is None else npc
+                time += cycles
+                continue
+            if kind is None:
+                raise self.fault(payload)
+            if kind == K_EXIT:
+                counters["instructions"] += 1
+                if self.trace is not None:
+                    self.trace.append(f"{time:8d} task {self.task} pc {pc:4d} exit")
+                counters["busy"] += time + 1 - self.task_start
+                self.running, self.task = False, None
+                fab.schedule(self, time + 1)
+                return
+            if kind == K_VECTOR and not self._touches_fabric(payload, ins):
+                counters["instructions"] += 1
+                if self.trace is not None:
+                    self.trace.append(f"{time:8d} task {self.task} pc {pc:4d} {self._disasm(pc)}")
+                n = self._vector_memory(payload, ins)
+                self.pc = pc + 1
+                time += n + cycles
+                continue
+            # A fabric instruction: it must happen at the global clock.
+            if time > now:
+                fab.schedule(self, time)
+                return
+            if self.instr_start is None:
+                self.instr_start = time
+            if kind == K_VECTOR:
+                self._vector_begin(payload, ins)
+                self.vector_element(time)
+            elif kind == K_SEND:
+                self.send_or_recv_attempt(time)
+            else:
+                self.send_or_recv_attempt(time)
+            return
+
+    # Scalar fabric instructions -------------------------------------------
+    def send_or_recv_attempt(self, t: int) -> None:
+        kind, f, cycles, ins = self.code[self.pc]
+        fab = self.fabric
+        color = f["color"]
+        if color >= self.ncolors:
+            raise self.fault(f"color {color} is not below colors={self.ncolors}")
+        if kind == K_SEND:
+            if len(self.tx) >= self.tx_depth:
+                self.wait = ("tx",)
+                return
+            data = self.regs[f["ra"]]
+            fab.tx_pushes.append((self, (data, color, 1 if ins.name == "sendc" else 0)))
+            if self.trace is not None:
+                self.trace.append(f"{t:8d} send  color {color} data {data:#010x} ctrl {int(ins.name == 'sendc')}")
+        else:
+            queue = self.rx[color]
+            if not queue:
+                self.wait = ("rx", color)
+                return
+            data, ctrl = queue[0]
+            fab.rx_pops.append((self, color))
+            if f["rd"]:
+                self.regs[f["rd"]] = data
+            if self.trace is not None:
+                self.trace.append(f"{t:8d} recv  color {color} data {data:#010x} ctrl {ctrl}")
+        self.counters["instructions"] += 1
+        self.counters["stall"] += t - self.instr_start
+        self.instr_start = None
+        self.pc += 1
+        self.run(t + cycles, t)
+
+    # Vector instructions ---------------------------------------------------
+    def _operands(self, f: dict, ins):
+        """(destination dsd or None, [source dsds], scalar register value)."""
+        dsd = self.dsd
+        if ins.fmt in ("VR", "VR1"):
+            dst = None
+            srcs = [dsd[f["da"]]] + ([dsd[f["db"]]] if "db" in f else [])
+        else:
+            dst = dsd[f["dd"]]
+            srcs = [dsd[f["da"]]] + ([dsd[f["db"]]] if "db" in f else [])
+        scalar = self.regs[f["rs"]] if "rs" in f else 0
+        return dst, srcs, scalar
+
+    def _touches_fabric(self, f: dict, ins) -> bool:
+        dst, srcs, _ = self._operands(f, ins)
+        if dst is not None and dst[0] != DsdKind.MEM:
+            return True
+        return any(s[0] != DsdKind.MEM for s in srcs)
+
+    def _check_kinds(self, dst, srcs) -> None:
+        if dst is not None and dst[0] == DsdKind.FABIN:
+            raise self.fault("a fabric-in descriptor cannot be a destination")
+        for s in srcs:
+            if s[0] == DsdKind.FABOUT:
+                raise self.fault("a fabric-out descriptor cannot be a source")
+            if s[0] not in (DsdKind.MEM, DsdKind.FABIN, DsdKind.FABOUT):
+                raise self.fault(f"descriptor kind {s[0]} is not mem, fabin or fabout")
+        fabin = [s[1] for s in srcs if s[0] == DsdKind.FABIN]
+        if len(fabin) != len(set(fabin)):
+            raise self.fault("two fabric-in sources of the same color")
+        for d in ([dst] if dst is not None else []) + list(srcs):
+            if d[0] != DsdKind.MEM and d[1] >= self.ncolors:
+                raise self.fault(f"fabric descriptor color {d[1]} is not below colors={self.ncolors}")
+
+    def _addresses(self, d, n: int) -> np.ndarray | slice:
+        base, stride = d[1], d[3]
+        last = base + (n - 1) * stride
+        if n and not (0 <= base < self.sram_words and 0 <= last < self.sram_words):
+            raise self.fault(f"vector of {n} elements from address {base} stride {stride} leaves memory 0..{self.sram_words - 1}")
+        if stride > 0:
+            return slice(base, last + 1, stride)
+        return base + stride * np.arange(n, dtype=np.int64)
+
+    def _vector_memory(self, f: dict, ins) -> int:
+        """Run a memory-only vector instruction at once; returns its length."""
+        dst, srcs, scalar = self._operands(f, ins)
+        self._check_kinds(dst, srcs)
+        name = ins.name
+        n = (srcs[0] if dst is None else dst)[2]
+        counters = self.counters
+        if name != "fmov":
+            counters["flops"] += n
+        if name in _FMAC_OPS:
+            counters["fmac"] += n
+        if n == 0:
+            return 0
+        mem = self.mem
+        src_idx = [self._addresses(s, n) for s in srcs]
+        if dst is None:
+            a = mem[src_idx[0]]
+            rd = f["rd"]
+            if name == "dot":
+                acc = fp.seq_dot(self.regs[rd], a, mem[src_idx[1]])
+            else:
+                acc = fp.seq_sum(self.regs[rd], a)
+            if rd:
+                self.regs[rd] = acc
+            return n
+        dst_idx = self._addresses(dst, n)
+        if self._needs_sequential(dst, srcs, n):
+            element = _ELEMENT[name]
+            da, db = srcs[0], srcs[1] if len(srcs) > 1 else None
+            for i in range(n):
+                a = int(mem[da[1] + i * da[3]])
+                b = int(mem[db[1] + i * db[3]]) if db is not None else 0
+                mem[dst[1] + i * dst[3]] = element(a, b, scalar)
+            return n
+        a = mem[src_idx[0]]
+        b = mem[src_idx[1]] if len(src_idx) > 1 else None
+        mem[dst_idx] = _VECTOR[name](a, b, scalar)
+        return n
+
+    @staticmethod
+    def _needs_sequential(dst, srcs, n: int) -> bool:
+        """True when a later element reads or rewrites what an earlier one
+        wrote, so whole-array evaluation could differ from element order."""
+        if n <= 1:
+            return False
+        if dst[3] == 0:
+            return True
+        lo_d, hi_d = sorted((dst[1], dst[1] + (n - 1) * dst[3]))
+        for s in srcs:
+            if s[1] == dst[1] and s[3] == dst[3]:
+                continue  # element i reads exactly what element i writes
+            lo_s, hi_s = sorted((s[1], s[1] + (n - 1) * s[3]))
+            if lo_s <= hi_d and lo_d <= hi_s:
+                return True
+        return False
+
+    def _vector_begin(self, f: dict, ins) -> None:
+        dst, srcs, scalar = self._operands(f, ins)
+        self._check_kinds(dst, srcs)
+        n = (srcs[0] if dst is None else dst)[2]
+        if dst is not None and dst[0] == DsdKind.MEM and n:
+            self._addresses(dst, n)
+        for s in srcs:
+            if s[0] == DsdKind.MEM and n:
+                self._addresses(s, n)
+        acc = self.regs[f["rd"]] if dst is None else 0
+        self.vec = [ins, f, dst, srcs, scalar, n, 0, acc]
+        self.counters["instructions"] += 1
+        if ins.name != "fmov":
+            self.counters["flops"] += n
+        if ins.name in _FMAC_OPS:
+            self.counters["fmac"] += n
+
+    def vector_element(self, t: int) -> None:
+        """Try to issue the next element of the vector instruction in cycle ``t``."""
+        ins, f, dst, srcs, scalar, n, i, acc = self.vec
+        fab = self.fabric
+        if i == n:  # no elements at all: a one-cycle instruction
+            self._vector_end(t, t)
+            return
+        # Issue conditions (start-of-cycle state).
+        for s in srcs:
+            if s[0] == DsdKind.FABIN and not self.rx[s[1]]:
+                self.wait = ("rx", s[1])
+                return
+        to_fabric = dst is not None and dst[0] == DsdKind.FABOUT
+        if to_fabric:
+            inflight = 1 if self.inflight_due == t else 0
+            if len(self.tx) + inflight >= self.tx_depth:
+                self.wait = ("tx",)
+                return
+        values = []
+        for s in srcs:
+            if s[0] == DsdKind.FABIN:
+                values.append(self.rx[s[1]][0][0])
+                fab.rx_pops.append((self, s[1]))
+                if self.trace is not None:
+                    self.trace.append(f"{t:8d} recv  color {s[1]} data {values[-1]:#010x}")
+            else:
+                values.append(int(self.mem[s[1] + i * s[3]]))
+        name = ins.name
+        if dst is None:
+            product = fp.mul(values[0], values[1]) if name == "dot" else values[0]
+            acc = fp.add(acc, product)
+            self.vec[7] = acc
+        else:
+            result = _ELEMENT[name](values[0], values[1] if len(values) > 1 else 0, scalar)
+            if to_fabric:
+                fab.tx_pushes_next.append((self, (result, dst[1], 0)))
+                self.inflight_due = t + 1
+                if self.trace is not None:
+                    self.trace.append(f"{t + 1:8d} send  color {dst[1]} data {result:#010x} ctrl 0")
+            else:
+                self.mem[dst[1] + i * dst[3]] = result
+        i += 1
+        self.vec[6] = i
+        if i == n:
+            self._vector_end(t + 1, t)
+        else:
+            fab.schedule(self, t + 1)
+
+    def _vector_end(self, last_write: int, now: int) -> None:
+        """The last element writes in cycle ``last_write`` (the cycle before the
+        instruction's last for an empty vector); continue after it."""
+        ins, f, dst, srcs, scalar, n, i, acc = self.vec
+        self.vec = None
+        if dst is None and f["rd"]:
+            self.regs[f["rd"]] = acc
+        if self.trace is not None:
+            self.trace.append(f"{self.instr_start:8d} task {self.task} pc {self.pc:4d} {self._disasm(self.pc)}")
+        end = last_write + 1
+        self.counters["stall"] += end - self.instr_start - (n + ins.cycles)
+        self.instr_start = None
+        self.pc += 1
+        self.run(end, now)
