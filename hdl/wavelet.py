@@ -4,7 +4,6 @@ Every block of the mesh is joined through these signatures, so the router,
 the PE, the tile and the mesh agree on one definition of each.
 """
 
-from __future__ import annotations
 
 from amaranth.lib import enum
 
