@@ -55,11 +55,12 @@ class Fabric:
         self.route_targets: list[list[tuple]] = [[()] * C for _ in range(n)]
         self.busy_colors = [set() for _ in range(n)]
         self.active_routers: set[int] = set()
-        # Edge ports: (edge letter, index) -> deque of (data, color, ctrl) to inject.
-        self.edge_in: dict[tuple[str, int], deque] = {}
+        # Edge ports: (edge letter, index) -> {color: deque of (data, ctrl)} to inject.
+        self.edge_in: dict[tuple[str, int], dict[int, deque]] = {}
         self.edge_out: dict[tuple[str, int, int], list] = {}
         self._edge_router: dict[tuple[str, int], tuple[int, int]] = {}
         self.cycle = 0
+        self.cycle_limit = 0
         self.total_cycles = 0
         self.wavelet_hops = 0
         self._compiled_cache: dict[int, tuple] = {}
@@ -204,8 +205,8 @@ class Fabric:
             arr = arr.astype(np.int64) & 0xFFFFFFFF
         flags = np.zeros(len(arr), dtype=np.int64) if ctrl is None else np.broadcast_to(np.asarray(ctrl, dtype=np.int64), (len(arr),))
         self._edge_router[key] = self._boundary_router(*key)
-        queue = self.edge_in.setdefault(key, deque())
-        queue.extend((int(d), color, int(c) & 1) for d, c in zip(arr.tolist(), flags.tolist()))
+        queue = self.edge_in.setdefault(key, {}).setdefault(color, deque())
+        queue.extend((int(d), int(c) & 1) for d, c in zip(arr.tolist(), flags.tolist()))
 
     def _boundary_router(self, edge: str, index: int) -> tuple[int, int]:
         x, y = {"N": (index, 0), "S": (index, self.height - 1),
@@ -276,6 +277,7 @@ class Fabric:
         Raises :class:`FabricHang` if nothing can move before the fabric is
         idle, or after ``max_cycles`` cycles (default 50 million)."""
         limit = 50_000_000 if max_cycles is None else int(max_cycles)
+        self.cycle_limit = limit
         pes, fifo = self.pes, self.fifo
         route_in, route_mask, route_targets = self.route_in, self.route_mask, self.route_targets
         busy_colors, active_routers = self.busy_colors, self.active_routers
@@ -327,13 +329,17 @@ class Fabric:
                         else:
                             used |= mask
                             grants.append((r, c))
-            # 2. Edge injections.
+            # 2. Edge injections: per port, the first color in rotating order
+            #    whose head the boundary router accepts.
             injections = []
-            for key in [k for k, q in edge_in.items() if q]:
-                data, color, ctrl = edge_in[key][0]
-                r, port = self._edge_router[key]
-                if route_in[r][color] == port and len(fifo[r][color]) < depth:
-                    injections.append((key, r, color))
+            if edge_in:
+                s = t % ncolors
+                for key, queues in edge_in.items():
+                    r, port = self._edge_router[key]
+                    for c in sorted(queues, key=lambda c: (c - s) % ncolors):
+                        if route_in[r][c] == port and len(fifo[r][c]) < depth:
+                            injections.append((key, r, c))
+                            break
             # 3. Output queues toward the routers, then the PEs' own steps.
             tx_moves = []
             for idx in active_tx:
@@ -362,8 +368,12 @@ class Fabric:
                     else:
                         edge_out.setdefault(tgt, []).append(wavelet)
             for key, r, color in injections:
-                data, _, ctrl = edge_in[key].popleft()
-                fifo[r][color].append((data, ctrl))
+                queues = edge_in[key]
+                fifo[r][color].append(queues[color].popleft())
+                if not queues[color]:
+                    del queues[color]
+                    if not queues:
+                        del edge_in[key]
                 busy_colors[r].add(color)
                 active_routers.add(r)
             tx_popped = []
@@ -402,7 +412,7 @@ class Fabric:
             if heap:
                 t = max(t, heap[0][0])
                 continue
-            if active_routers or active_tx or any(edge_in.values()) or any(pe.running for pe in pes) \
+            if active_routers or active_tx or edge_in or any(pe.running for pe in pes) \
                     or any(q for pe in pes for q in pe.rx):
                 self.cycle = t
                 raise FabricHang(f"the fabric stopped making progress at cycle {t} before becoming idle", self._report(), t)
@@ -453,7 +463,8 @@ class Fabric:
                         blocked.append(f"RAMP -> PE input queue full")
                 lines.append(f"router ({x}, {y}) color {c}: {len(self.fifo[r][c])} wavelet(s) stuck"
                              + (f" ({'; '.join(blocked)})" if blocked else ""))
-        for (edge, index), q in self.edge_in.items():
-            if q:
-                lines.append(f"edge {edge}{index}: {len(q)} wavelet(s) not injected (color {q[0][1]} not accepted from {edge} at the boundary router)")
+        for (edge, index), queues in self.edge_in.items():
+            for color, q in sorted(queues.items()):
+                lines.append(f"edge {edge}{index}: {len(q)} wavelet(s) of color {color} not injected "
+                             f"(the boundary router does not accept color {color} from {edge}, or it is full)")
         return lines or ["(nothing is visibly stuck)"]

@@ -317,7 +317,11 @@ class PE:
         instruction needs the fabric at a cycle after ``now``."""
         code, counters, ncode = self.code, self.counters, len(self.code)
         fab = self.fabric
+        limit = fab.cycle_limit
         while True:
+            if time >= limit:  # a task that never ends: let the watchdog report it
+                fab.schedule(self, time)
+                return
             pc = self.pc
             if not 0 <= pc < ncode:
                 raise self.fault(f"instruction fetch outside the program (0..{ncode - 1})")

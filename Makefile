@@ -1,0 +1,56 @@
+# waferscale: the main commands. Every target installs what it needs first
+# (idempotent: fast when everything is already there).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+MESH   ?= 4x4
+SIM    ?= verilator
+JOBS   ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS)
+
+.PHONY: setup system-tools test test-all demo bench lint verilog synth clean
+
+setup: $(STAMP) system-tools
+
+# Python packages, into a virtual environment (torch is pinned to the CPU build).
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+	@$(PY) -m pip install -q -e ".[dev]" 2>&1 | grep -v -e "is ignored" -e "^ *$$" || true
+	@$(PY) -c "import wse, amaranth, cocotb, torch, numpy" 
+	@touch $(STAMP)
+
+# System tools: Icarus Verilog (cocotb regressions). Installed with apt when missing.
+system-tools:
+	@command -v iverilog >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iverilog >/dev/null; \
+	  else echo "iverilog is missing: run 'sudo apt-get install -y iverilog'"; fi; }
+
+test: setup
+	$(PYTEST)
+
+test-all: setup
+	$(PYTEST) -m ""
+
+demo: setup
+	$(PY) examples/demo.py
+
+bench: setup
+	$(PY) bench/golden_speed.py
+
+lint: setup
+	$(PY) -m compileall -q wse hdl firmware sim host tests bench examples
+
+verilog: setup
+	$(PY) -m wse.hdl.export --mesh $(MESH) -o build/verilog
+
+synth: setup
+	@command -v yosys >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq yosys >/dev/null; \
+	  else echo "yosys is missing: run 'sudo apt-get install -y yosys'"; exit 1; fi; }
+	$(PY) -m wse.hdl.export --synth -o build/synth
+
+clean:
+	rm -rf build sim_build runs .pytest_cache
