@@ -210,6 +210,7 @@ INSTRUCTIONS: tuple[Instr, ...] = tuple(Instr(*row) for row in [
     ("fmaxs",   47, "VS",  _V, 1, "dd[i] = max(da[i], rs)"),
     ("dot",     48, "VR",  _V, 1, "for i in order: rd = rd + da[i] * db[i]"),
     ("fsum",    49, "VR1", _V, 1, "for i in order: rd = rd + da[i]"),
+    ("fmacw",   57, "V3",  _V, 1, "dd[i % Ld] = dd[i % Ld] + da[i % La] * w[i // T], w = db (a weight stream)"),
     # DSD registers
     ("ldsd",    50, "DL",  _D, 2, "dd = descriptor in mem[ra + imm], mem[ra + imm + 1]"),
     ("setb",    51, "DR",  _D, 1, "dd.base = ra & 0xffff (the color, for fabric DSDs)"),

@@ -236,3 +236,46 @@ def test_mesh_and_rect_errors_are_one_sentence():
         fab.memcpy_d2h(0, 1, (1, 1, 2, 1))
     with pytest.raises(Exception, match=r"shape \[2, 2, n\]"):
         fab.memcpy_h2d(0, np.zeros((3, 2, 1), np.float32))
+
+
+def _fmacw_reference(acc, x, w, ld, la):
+    acc = list(acc)
+    n, period = max(ld, la), min(ld, la)
+    for i in range(n):
+        acc[i % ld] = fp.add(acc[i % ld], fp.mul(x[i % la], w[i // period]))
+    return acc
+
+
+@pytest.mark.parametrize("shape", ["forward", "backward"])
+@pytest.mark.parametrize("weights_from", ["memory", "fabric"])
+def test_fmacw_streams_weights_over_token_slices(shape, weights_from):
+    rng = np.random.default_rng(5)
+    K, T = 6, 4
+    ld, la = (T, K * T) if shape == "forward" else (K * T, T)
+    acc0 = fp.as_bits(rng.standard_normal(ld))
+    x = fp.as_bits(rng.standard_normal(la))
+    w = fp.as_bits(rng.standard_normal(K))
+    wsrc = (".dsd mem, base=w, len=%d" % K) if weights_from == "memory" else (".dsd fabin, color=1, len=%d" % K)
+    src = f"""
+    .data
+    acc: .word {", ".join(str(v) for v in acc0.tolist())}
+    x:   .word {", ".join(str(v) for v in x.tolist())}
+    w:   .word {", ".join(str(v) for v in w.tolist())}
+    dacc: .dsd mem, base=acc, len={ld}
+    dx:   .dsd mem, base=x, len={la}
+    dw:   {wsrc}
+    .text
+    .task 0, main
+    main: ldsd d0, dacc
+          ldsd d1, dx
+          ldsd d2, dw
+          fmacw d0, d1, d2
+          exit
+    """
+    streams = [("W", 1, w)] if weights_from == "fabric" else []
+    fab, prog, cycles = run_one(src, routes=[(1, Port.W, [Port.RAMP])], streams=streams)
+    assert word(fab, prog, "acc", ld).tolist() == _fmacw_reference(acc0.tolist(), x.tolist(), w.tolist(), ld, la)
+    counters = fab.counters()["pe"]
+    assert counters["fmac"][0, 0] == K * T and counters["stall"][0, 0] == 0
+    # select + 3 ldsd + (K*T + 1) + exit: the weights were waiting, so no stall.
+    assert cycles == 1 + 6 + K * T + 1 + 1

@@ -147,15 +147,29 @@ def vftz(bits: np.ndarray) -> np.ndarray:
     return np.where((bits & _EXP) == 0, bits & _SIGN, bits).astype(np.uint32)
 
 
+def _all_normal(bits: np.ndarray) -> bool:
+    """True if every pattern is a finite, normal number (exponent field 1..254)."""
+    return bool(np.all((bits & _EXP) - np.uint32(0x00800000) < np.uint32(0x7F000000)))
+
+
+def _ftz_in(bits) -> np.ndarray:
+    """Operands flushed on input; the common all-normal case costs no copy."""
+    bits = np.asarray(bits, dtype=np.uint32)
+    return bits if _all_normal(bits) else vftz(bits)
+
+
 def _vfinish(values: np.ndarray) -> np.ndarray:
-    out = vftz(values.astype(np.float32, copy=False).view(np.uint32))
+    out = values.astype(np.float32, copy=False).view(np.uint32)
+    if _all_normal(out):
+        return out
+    out = vftz(out)
     out[np.isnan(values)] = CANONICAL_NAN
     return out
 
 
 def _vop(op, a, b) -> np.ndarray:
-    fa = vftz(a).view(np.float32)
-    fb = vftz(b).view(np.float32)
+    fa = _ftz_in(a).view(np.float32)
+    fb = _ftz_in(b).view(np.float32)
     with np.errstate(all="ignore"):
         return _vfinish(op(fa, fb))
 

@@ -51,7 +51,7 @@ _VECTOR = {
     "fadds": lambda a, b, s: fp.vadd(a, np.uint32(s)),
     "fmaxs": lambda a, b, s: fp.vmax(a, np.uint32(s)),
 }
-_FMAC_OPS = ("fmacs", "dot")
+_FMAC_OPS = ("fmacs", "dot", "fmacw")
 
 
 def _s32(value: int) -> int:
@@ -447,7 +447,7 @@ class PE:
         dst, srcs, scalar = self._operands(f, ins)
         self._check_kinds(dst, srcs)
         name = ins.name
-        n = (srcs[0] if dst is None else dst)[2]
+        n = self._length(ins, dst, srcs)
         counters = self.counters
         if name != "fmov":
             counters["flops"] += n
@@ -466,6 +466,9 @@ class PE:
                 acc = fp.seq_sum(self.regs[rd], a)
             if rd:
                 self.regs[rd] = acc
+            return n
+        if name == "fmacw":
+            self._fmacw_chunk(dst, srcs, 0, n, None)
             return n
         dst_idx = self._addresses(dst, n)
         if self._needs_sequential(dst, srcs, n):
@@ -501,12 +504,15 @@ class PE:
     def _vector_begin(self, f: dict, ins) -> None:
         dst, srcs, scalar = self._operands(f, ins)
         self._check_kinds(dst, srcs)
-        n = (srcs[0] if dst is None else dst)[2]
-        if dst is not None and dst[0] == DsdKind.MEM and n:
-            self._addresses(dst, n)
-        for s in srcs:
-            if s[0] == DsdKind.MEM and n:
-                self._addresses(s, n)
+        n = self._length(ins, dst, srcs)
+        if ins.name == "fmacw":
+            self._fmacw_check(dst, srcs, n)
+        else:
+            if dst is not None and dst[0] == DsdKind.MEM and n:
+                self._addresses(dst, n)
+            for s in srcs:
+                if s[0] == DsdKind.MEM and n:
+                    self._addresses(s, n)
         acc = self.regs[f["rd"]] if dst is None else 0
         self.vec = [ins, f, dst, srcs, scalar, n, 0, acc]
         self.counters["instructions"] += 1
@@ -515,12 +521,71 @@ class PE:
         if ins.name in _FMAC_OPS:
             self.counters["fmac"] += n
 
+    @staticmethod
+    def _length(ins, dst, srcs) -> int:
+        """Elements of a vector instruction (spec 4.5)."""
+        if ins.name == "fmacw":
+            return max(dst[2], srcs[0][2]) if min(dst[2], srcs[0][2]) else 0
+        return (srcs[0] if dst is None else dst)[2]
+
+    def _fmacw_check(self, dst, srcs, n: int) -> None:
+        da, db = srcs
+        if dst[0] != DsdKind.MEM or da[0] != DsdKind.MEM:
+            raise self.fault("fmacw needs memory descriptors for dd and da")
+        if n:
+            self._addresses(dst, min(n, dst[2]))
+            self._addresses(da, min(n, da[2]))
+            if db[0] == DsdKind.MEM:
+                self._addresses(db, -(-n // min(dst[2], da[2])))
+
+    def _fmacw_chunk(self, dst, srcs, start: int, stop: int, weight) -> None:
+        """Elements ``start .. stop-1`` of ``fmacw``; ``weight`` is the fabric
+        weight of this chunk (None: weights come from memory)."""
+        da, db = srcs
+        ld, la = dst[2], da[2]
+        period = min(ld, la)
+        if start == 0 and weight is None:
+            self._fmacw_check(dst, srcs, stop)
+        mem = self.mem
+        i = start
+        while i < stop:
+            k = i // period
+            m = min(period - i % period, stop - i)
+            w = weight if weight is not None else int(mem[db[1] + k * db[3]])
+            # Within one weight's chunk, the indices into dd and da do not repeat,
+            # so the chunk is elementwise; chunks run in order.
+            di = dst[1] + ((i + np.arange(m)) % ld) * dst[3]
+            ai = da[1] + ((i + np.arange(m)) % la) * da[3]
+            mem[di] = fp.vadd(mem[di], fp.vmul(mem[ai], np.uint32(w)))
+            i += m
+
     def vector_element(self, t: int) -> None:
         """Try to issue the next element of the vector instruction in cycle ``t``."""
         ins, f, dst, srcs, scalar, n, i, acc = self.vec
         fab = self.fabric
         if i == n:  # no elements at all: a one-cycle instruction
             self._vector_end(t, t)
+            return
+        if ins.name == "fmacw":
+            # Only the first element of each weight's chunk needs the fabric;
+            # the rest of the chunk issues in the following cycles.
+            color = srcs[1][1]
+            if not self.rx[color]:
+                self.wait = ("rx", color)
+                return
+            weight = self.rx[color][0][0]
+            fab.rx_pops.append((self, color))
+            if self.trace is not None:
+                self.trace.append(f"{t:8d} recv  color {color} data {weight:#010x}")
+            period = min(dst[2], srcs[0][2])
+            m = min(period - i % period, n - i)
+            self._fmacw_chunk(dst, srcs, i, i + m, weight)
+            i += m
+            self.vec[6] = i
+            if i == n:
+                self._vector_end(t + m, t)
+            else:
+                fab.schedule(self, t + m)
             return
         # Issue conditions (start-of-cycle state).
         for s in srcs:
