@@ -267,18 +267,13 @@ def _unary(function):
     return lambda a, b: function(a)
 
 
-def _vlt(a, b):
-    # numerics has no vectorized ``lt``; map the scalar one (the definition).
-    return np.frompyfunc(numerics.lt, 2, 1)(a, b).astype(np.uint32)
-
-
 #: The reference of each operation: ``f(a, b) -> uint32 array`` on ``uint32`` arrays.
 GOLDEN = {
     "add": numerics.vadd,
     "sub": numerics.vsub,
     "mul": numerics.vmul,
     "max": numerics.vmax,
-    "lt": _vlt,
+    "lt": numerics.vlt,
     "ftoi": _unary(numerics.vftoi),
     "itof": _unary(numerics.vitof),
 }

@@ -107,6 +107,7 @@ def test_vectorized_equals_scalar():
         want = np.array([sop(x, y) for x, y in zip(a.tolist(), b.tolist())], dtype=np.uint32)
         assert np.array_equal(got, want), vop.__name__
     assert np.array_equal(fp.vftoi(a), [fp.ftoi(x) for x in a.tolist()])
+    assert np.array_equal(fp.vlt(a, b), [fp.lt(x, y) for x, y in zip(a.tolist(), b.tolist())])
     assert np.array_equal(fp.vitof(a), [fp.itof(x) for x in a.tolist()])
 
 

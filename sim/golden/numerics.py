@@ -31,7 +31,7 @@ import numpy as np
 __all__ = [
     "CANONICAL_NAN", "f2b", "b2f", "ftz", "add", "sub", "mul", "fmax", "lt",
     "ftoi", "itof", "mac", "vftz", "vadd", "vsub", "vmul", "vmax", "vmac",
-    "vftoi", "vitof", "seq_dot", "seq_sum", "as_bits", "as_float",
+    "vftoi", "vitof", "vlt", "seq_dot", "seq_sum", "as_bits", "as_float",
 ]
 
 CANONICAL_NAN = 0x7FC00000
@@ -206,10 +206,16 @@ def vmax(a, b) -> np.ndarray:
 
 def vftoi(a) -> np.ndarray:
     """Elementwise :func:`ftoi`."""
-    fa = vftz(a).view(np.float32).astype(np.float64)
     with np.errstate(invalid="ignore"):
+        fa = vftz(a).view(np.float32).astype(np.float64)
         out = np.trunc(np.clip(np.nan_to_num(fa, nan=0.0), -2147483648.0, 2147483647.0))
     return out.astype(np.int64).astype(np.uint32)
+
+
+def vlt(a, b) -> np.ndarray:
+    """Elementwise :func:`lt` (``uint32`` 0 or 1)."""
+    fa, fb = vftz(a).view(np.float32), vftz(b).view(np.float32)
+    return (fa < fb).astype(np.uint32)
 
 
 def vitof(a) -> np.ndarray:
