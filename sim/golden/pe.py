@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 
 from wse.firmware import isa
+from wse.firmware.asm import format_instruction
 from wse.firmware.isa import DsdKind
 
 from . import numerics as fp
@@ -267,8 +268,10 @@ class PE:
             raise self.fault(f"task {task} has no entry point in the program")
 
     def _disasm(self, pc: int) -> str:
-        ins, fields = isa.decode(int(self.code_words[pc]))
-        return ins.name + " " + ", ".join(f"{k}={v}" for k, v in fields.items())
+        try:
+            return format_instruction(int(self.code_words[pc]))
+        except ValueError as exc:
+            return str(exc)
 
     # Scheduling ----------------------------------------------------------
     def ready_task(self):
