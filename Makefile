@@ -41,7 +41,7 @@ bench: setup
 	$(PY) bench/golden_speed.py
 
 lint: setup
-	$(PY) -m compileall -q wse hdl firmware sim host tests bench examples
+	$(VENV)/bin/ruff check wse hdl firmware sim host tests bench examples
 
 verilog: setup
 	$(PY) -m wse.hdl.export --mesh $(MESH) -o build/verilog

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
           f"(max |error| vs float64 {report['max_abs_err_vs_float64']:.2e})")
     print(f"  cycles       : {report['cycles']}  ({report['fmac_elements']} FMACs)")
     print(f"  FMAC util.   : {100 * report['fmac_utilization']:.1f}% of peak over the mesh")
-    print(f"  per-PE FMAC utilization (rows of the mesh, north at the top):")
+    print("  per-PE FMAC utilization (rows of the mesh, north at the top):")
     print(utilization_map(report["utilization"]))
     return 0 if report["bit_exact"] else 1
 

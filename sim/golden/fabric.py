@@ -460,7 +460,7 @@ class Fabric:
                         elif len(self.fifo[tgt][c]) >= self.config.router_depth:
                             blocked.append(f"{port.name} -> router ({tx}, {ty}) is full")
                     elif kind == _T_PE and len(self.pes[tgt].rx[c]) >= self.config.rx_depth:
-                        blocked.append(f"RAMP -> PE input queue full")
+                        blocked.append("RAMP -> PE input queue full")
                 lines.append(f"router ({x}, {y}) color {c}: {len(self.fifo[r][c])} wavelet(s) stuck"
                              + (f" ({'; '.join(blocked)})" if blocked else ""))
         for (edge, index), queues in self.edge_in.items():
