@@ -279,3 +279,46 @@ def test_fmacw_streams_weights_over_token_slices(shape, weights_from):
     assert counters["fmac"][0, 0] == K * T and counters["stall"][0, 0] == 0
     # select + 3 ldsd + (K*T + 1) + exit: the weights were waiting, so no stall.
     assert cycles == 1 + 6 + K * T + 1 + 1
+
+
+def test_fmacw_overlapping_operands_follow_element_order():
+    # dd = words 1..2, da = words 0..1, weight 2: element 1 reads word 1 after
+    # element 0 wrote it, so word 2 = 3 + 2 * (2 + 2 * 1) = 11.
+    fab, prog, cycles = run_one("""
+    .data
+    m: .float 1, 2, 3, 4
+    w: .float 2
+    dd: .dsd mem, base=m+1, len=2
+    da: .dsd mem, base=m, len=2
+    dw: .dsd mem, base=w, len=1
+    .text
+    .task 0, main
+    main: ldsd d0, dd
+          ldsd d1, da
+          ldsd d2, dw
+          fmacw d0, d1, d2
+          exit
+    """)
+    assert fp.as_float(word(fab, prog, "m", 4)).tolist() == [1, 4, 11, 4]
+
+
+def test_fmacw_with_memory_weights_checks_only_the_elements_it_reads():
+    # da is 2 words at the very end of memory and dd is 6: the op reads da 6
+    # times modulo its length, which stays inside memory.
+    top = ONE.sram_words - 2
+    fab, prog, cycles = run_one(f"""
+    .data
+    acc: .zero 6
+    w: .float 1, 1, 1
+    dd: .dsd mem, base=acc, len=6
+    da: .dsd mem, base={top}, len=2
+    dw: .dsd mem, base=w, len=3
+    .text
+    .task 0, main
+    main: ldsd d0, dd
+          ldsd d1, da
+          ldsd d2, dw
+          fmacw d0, d1, d2
+          exit
+    """)
+    assert fab.counters()["pe"]["fmac"][0, 0] == 6

@@ -459,6 +459,9 @@ class PE:
         if n == 0:
             return 0
         mem = self.mem
+        if name == "fmacw":
+            self._fmacw_chunk(dst, srcs, 0, n, None)
+            return n
         src_idx = [self._addresses(s, n) for s in srcs]
         if dst is None:
             a = mem[src_idx[0]]
@@ -469,9 +472,6 @@ class PE:
                 acc = fp.seq_sum(self.regs[rd], a)
             if rd:
                 self.regs[rd] = acc
-            return n
-        if name == "fmacw":
-            self._fmacw_chunk(dst, srcs, 0, n, None)
             return n
         dst_idx = self._addresses(dst, n)
         if self._needs_sequential(dst, srcs, n):
@@ -555,11 +555,15 @@ class PE:
             k = i // period
             m = min(period - i % period, stop - i)
             w = weight if weight is not None else int(mem[db[1] + k * db[3]])
-            # Within one weight's chunk, the indices into dd and da do not repeat,
-            # so the chunk is elementwise; chunks run in order.
             di = dst[1] + ((i + np.arange(m)) % ld) * dst[3]
             ai = da[1] + ((i + np.arange(m)) % la) * da[3]
-            mem[di] = fp.vadd(mem[di], fp.vmul(mem[ai], np.uint32(w)))
+            if m > 1 and (len(np.unique(di)) < m or np.intersect1d(di, ai).size):
+                # A later element of the chunk reads or rewrites what an earlier
+                # one wrote: evaluate in element order (spec 4.5).
+                for d, a in zip(di.tolist(), ai.tolist()):
+                    mem[d] = fp.add(int(mem[d]), fp.mul(int(mem[a]), w))
+            else:
+                mem[di] = fp.vadd(mem[di], fp.vmul(mem[ai], np.uint32(w)))
             i += m
 
     def vector_element(self, t: int) -> None:
