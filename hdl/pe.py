@@ -1,0 +1,497 @@
+"""The processing element (PE) in RTL.
+
+:class:`PE` implements section 4 of ``docs/architecture.md`` with exactly the
+cycles of the golden model (:mod:`wse.sim.golden.pe`) under the cycle
+semantics of section 6: one instruction per cycle with no branch penalty,
+``ld`` and ``ldsd`` in two cycles, a task selection cycle before each task,
+and a vector engine that issues one element per cycle and writes it in the
+next.
+
+Microarchitecture
+-----------------
+* Fetch: the instruction memory has one synchronous read port whose address
+  is the *next* pc, computed combinationally in the current cycle (branch
+  outcome, task entry on a select cycle, or the same pc while an instruction
+  waits), so the instruction of each cycle is ready at its start.
+* Decode: :class:`~wse.hdl.decoder.Decoder`, generated from the ISA table.
+* Data memory: one write port and three synchronous read ports, all
+  transparent for the write port (write-first). ``ld``/``ldsd`` present their
+  address in their first cycle and write the register in the second. A vector
+  element *issues* (:class:`~wse.hdl.pe_vector.VectorEngine`) by presenting
+  its source addresses and popping its fabric-in sources (their data is
+  captured in a register); in the next cycle the floating-point blocks of
+  :mod:`wse.hdl.fpu` compute its result combinationally and it is written
+  (memory, output queue or accumulator register) while the next element
+  issues. Transparency makes element ``i+1`` read what element ``i`` writes in
+  the same cycle. The third read port serves only ``fmacw``, whose first
+  element of each chunk reads three words (destination, source, weight).
+* Queues: one :class:`~amaranth.lib.fifo.SyncFIFO` per color for input
+  (``rx``), one for output (``tx``).
+
+Where the golden model reports a program fault, the RTL does something
+defined instead (a program that does not fault behaves identically):
+
+* data addresses (``ld``, ``st``, ``ldsd``, vector elements) keep their low
+  ``config.sram_addr_bits`` bits (modulo the memory size for a power-of-two
+  ``sram_words``); instruction addresses keep their low
+  ``config.imem_addr_bits`` bits and a fetch outside the program executes
+  whatever the instruction memory holds;
+* an unknown opcode executes as ``nop`` (one cycle, counted as an instruction);
+* ``activate``/``block``/``unblock`` of a task with no entry point do nothing;
+* a color outside ``0 .. colors-1`` (``send``, ``recv``, fabric descriptors)
+  never has data or room: the instruction waits for ever (a visible hang);
+* a descriptor of kind 3, a fabric-in destination or a fabric-out source is
+  treated as memory, and so are ``fmacw``'s ``dd`` and ``da`` whatever their
+  kind; two fabric-in sources of one color both read the same wavelet, which
+  is popped once.
+
+Counters are 32 bits and wrap.
+"""
+
+from functools import reduce
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from wse.config import CTRL_BITS, DATA_BITS, FabricConfig
+from wse.firmware import isa
+
+from .decoder import Decoder, UnitCode, opcode
+from .fpu import FPAdd, FPLt, FPMax, FPMul, FToI, IToF
+from .pe_vector import Dsd, VectorEngine
+from .wavelet import COUNTER_NAMES, HostSpace, Wavelet, host_bus_signature, link_signature
+
+__all__ = ["PE", "Dsd"]
+
+# Scalar integer instructions: result from (ra, second operand), where the
+# second operand is rb for register formats and the extended immediate otherwise.
+_ALU = {
+    "li": lambda a, b: b,
+    "lui": lambda a, b: b << 16,
+    "add": lambda a, b: a + b, "addi": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "and": lambda a, b: a & b, "andi": lambda a, b: a & b,
+    "or": lambda a, b: a | b, "ori": lambda a, b: a | b,
+    "xor": lambda a, b: a ^ b, "xori": lambda a, b: a ^ b,
+    "shl": lambda a, b: a << b[:5], "shli": lambda a, b: a << b[:5],
+    "shr": lambda a, b: a >> b[:5], "shri": lambda a, b: a >> b[:5],
+    "sra": lambda a, b: a.as_signed() >> b[:5], "srai": lambda a, b: a.as_signed() >> b[:5],
+    "mul": lambda a, b: a * b,
+    "slt": lambda a, b: a.as_signed() < b.as_signed(),
+    "sltu": lambda a, b: a < b,
+}
+# Scalar binary32 instructions: which floating-point block gives the result.
+_FPU = {"sfadd": "add", "sfsub": "add", "sfmul": "mul", "sfmax": "max", "sflt": "lt",
+        "ftoi": "ftoi", "itof": "itof"}
+# Vector instructions: where an element's result comes from ("a": the first source).
+_VECTOR = {"fmov": "a", "fadd": "add", "fsub": "add", "fmul": "mul", "fmax": "max",
+           "fmacs": "add", "fmuls": "mul", "fadds": "add", "fmaxs": "max", "dot": "add", "fsum": "add",
+           "fmacw": "add"}
+# Vector instructions counted by the fmac counter.
+_FMAC = ("fmacs", "dot", "fmacw")
+_BRANCH = {
+    "jmp": lambda a, b: 1,
+    "beq": lambda a, b: a == b,
+    "bne": lambda a, b: a != b,
+    "blt": lambda a, b: a.as_signed() < b.as_signed(),
+    "bge": lambda a, b: a.as_signed() >= b.as_signed(),
+}
+_TWO_CYCLE = ("ld", "ldsd")
+_OTHER = ("nop", "exit", "activate", "block", "unblock", "ld", "st", "ldsd", "setb", "addb", "setl",
+          "send", "sendc", "recv")
+
+
+def _check_isa() -> None:
+    """Every instruction of the table has semantics here, at the table's cost."""
+    implemented = set(_ALU) | set(_FPU) | set(_VECTOR) | set(_BRANCH) | set(_OTHER)
+    missing = sorted(set(isa.BY_NAME) - implemented)
+    if missing:
+        raise AssertionError(f"the PE has no semantics for {', '.join(missing)}: the ISA table grew")
+    for ins in isa.INSTRUCTIONS:
+        expected = 2 if ins.name in _TWO_CYCLE else 1
+        if ins.cycles != expected:
+            raise AssertionError(f"the PE takes {expected} for {ins.name}, the ISA table says {ins.cycles}")
+
+
+_check_isa()
+
+
+class PE(wiring.Component):
+    """One processing element.
+
+    Parameters
+    ----------
+    config : FabricConfig
+        Sizes (memories, colors, queue depths, tasks).
+
+    Members
+    -------
+    rx : ``In(link_signature(config))``
+        Wavelets from the router's RAMP output into the per-color input
+        queues; ``rx.ready[c]`` is high while queue ``c`` holds fewer than
+        ``config.rx_depth`` wavelets (registered state only).
+    tx : ``Out(link_signature(config))``
+        The head of the output queue; ``tx.valid`` is asserted only when
+        ``tx.ready[head.color]`` is high, and then the head moves.
+    host : ``In(host_bus_signature(config, select_tile=False))``
+        Host access while idle. ``SRAM``/``IMEM`` words, ``TASK`` entries
+        (``entry | bound << 16 | blocked << 17 | valid << 18``; a write also
+        clears the task's activated flag); ``CTRL`` address 0: a write
+        activates task ``wdata`` (if it has an entry point); ``CTRL`` addresses
+        1.. read the counters in :data:`~wse.hdl.wavelet.COUNTER_NAMES` order, and
+        a write there sets the counter. A request is a cycle with ``stb`` and
+        ``sel`` (writes also with ``bcast``); reads return ``rdata`` in the next
+        cycle; other addresses read 0.
+    idle : ``Out(1)``
+        No task running or ready, input and output queues empty.
+    enable : ``In(1)``, init 1
+        While low, no task is selected. The host holds it low while it loads
+        programs and launches tasks on several PEs, and raises it on every PE
+        in the cycle the run starts, so that all start together
+        (``docs/architecture.md`` section 5: a launch takes effect at the start
+        of the next run). Tied high, the PE starts a task as soon as one is ready.
+
+    Attributes
+    ----------
+    regs, dsd, pc, running, task, counters
+        Architectural state (signals), for testbenches and traces; ``regs[0]``
+        is never written.
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`~wse.config.FabricConfig`.
+    """
+
+    def __init__(self, config: FabricConfig):
+        if not isinstance(config, FabricConfig):
+            raise TypeError(f"config must be a FabricConfig, not {config!r}")
+        self.config = config
+        super().__init__({
+            "rx": In(link_signature(config)),
+            "tx": Out(link_signature(config)),
+            "host": In(host_bus_signature(config, select_tile=False)),
+            "idle": Out(1),
+            "enable": In(1, init=1),
+        })
+        self.regs = [Signal(32, name=f"r{i}") for i in range(config.registers)]
+        self.dsd = [Signal(Dsd, name=f"d{i}") for i in range(config.dsd_registers)]
+        self.pc = Signal(config.imem_addr_bits)
+        self.running = Signal()
+        self.task = Signal(config.task_bits)
+        self.counters = {name: Signal(32, name=f"count_{name}") for name in COUNTER_NAMES}
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+        colors, ntasks = cfg.colors, cfg.tasks
+        running, pc = self.running, self.pc
+
+        # ---------------------------------------------------------------- storage
+        m.submodules.sram = sram = Memory(shape=32, depth=cfg.sram_words, init=[])
+        sram_wr = sram.write_port()
+        sram_rd = [sram.read_port(transparent_for=(sram_wr,)) for _ in range(3)]
+        m.submodules.imem = imem = Memory(shape=32, depth=cfg.imem_words, init=[])
+        imem_wr = imem.write_port()
+        imem_rd = imem.read_port()
+
+        # ---------------------------------------------------------------- input queues
+        rx_queues = []
+        for c in range(colors):
+            queue = SyncFIFO(width=DATA_BITS + CTRL_BITS, depth=cfg.rx_depth)
+            m.submodules[f"rx_queue_{c}"] = queue
+            rx_queues.append(queue)
+            m.d.comb += [
+                queue.w_data.eq(Cat(self.rx.payload.data, self.rx.payload.ctrl)),
+                queue.w_en.eq(self.rx.valid & (self.rx.payload.color == c)),
+                self.rx.ready[c].eq(queue.w_rdy),
+            ]
+        rx_has = Signal(64)  # bit c: input queue c is not empty (0 beyond the colors)
+        m.d.comb += rx_has.eq(Cat(q.r_rdy for q in rx_queues))
+        rx_heads = Array(q.r_data for q in rx_queues)
+        pop_a, color_a = Signal(), Signal(16)  # first pop port: select, recv, vector source a
+        pop_b, color_b = Signal(), Signal(16)  # second pop port: vector source b
+        head_a, head_b = Signal(DATA_BITS + CTRL_BITS), Signal(DATA_BITS + CTRL_BITS)
+        m.d.comb += [head_a.eq(rx_heads[color_a]), head_b.eq(rx_heads[color_b])]
+        for c, queue in enumerate(rx_queues):
+            m.d.comb += queue.r_en.eq((pop_a & (color_a == c)) | (pop_b & (color_b == c)))
+
+        # ---------------------------------------------------------------- output queue
+        m.submodules.tx_queue = tx_queue = SyncFIFO(width=Wavelet.as_shape().size, depth=cfg.tx_depth)
+        tx_head = Wavelet(tx_queue.r_data)
+        tx_ready = Signal(32)
+        tx_leave = Signal()
+        tx_push = Signal()
+        tx_push_data = Signal(Wavelet)
+        m.d.comb += [
+            tx_ready.eq(self.tx.ready),
+            tx_leave.eq(tx_queue.r_rdy & tx_ready.bit_select(tx_head.color, 1)),
+            self.tx.valid.eq(tx_leave),
+            self.tx.payload.eq(tx_head),
+            tx_queue.r_en.eq(tx_leave),
+            tx_queue.w_en.eq(tx_push),
+            tx_queue.w_data.eq(tx_push_data),
+        ]
+
+        # ---------------------------------------------------------------- task table, scheduler
+        entry = [Signal(cfg.imem_addr_bits, name=f"task{t}_entry") for t in range(ntasks)]
+        t_valid, t_bound = Signal(ntasks), Signal(ntasks)
+        t_blocked, t_activated = Signal(ntasks), Signal(ntasks)
+        task_ready = Signal(ntasks)
+        for t in range(ntasks):
+            waiting = (t_bound[t] & rx_has[t]) if t < colors else 0
+            m.d.comb += task_ready[t].eq(t_valid[t] & ~t_blocked[t] & (t_activated[t] | waiting))
+        sel = Signal(cfg.task_bits)
+        for t in reversed(range(ntasks)):  # the last assignment wins: the lowest ready id
+            with m.If(task_ready[t]):
+                m.d.comb += sel.eq(t)
+        select = Signal()   # a select cycle
+        sel_pops = Signal()  # ... of a data task with a waiting wavelet
+        m.d.comb += [
+            select.eq(self.enable & ~running & task_ready.any()),
+            sel_pops.eq(t_bound.bit_select(sel, 1) & rx_has.bit_select(sel, 1)),
+            self.idle.eq(~running & ~task_ready.any() & ~rx_has.any() & ~tx_queue.r_rdy),
+        ]
+
+        # ---------------------------------------------------------------- decode, operands
+        m.submodules.decoder = decoder = Decoder()
+        m.d.comb += decoder.word.eq(imem_rd.data)
+        dec = decoder.decoded
+
+        def is_(*names):
+            return reduce(lambda x, y: x | y, (dec.opcode == opcode(n) for n in names))
+
+        regs = Array(self.regs)
+        ra, rb, rs, rd = Signal(32), Signal(32), Signal(32), Signal(32)
+        m.d.comb += [ra.eq(regs[dec.ra]), rb.eq(regs[dec.rb]), rs.eq(regs[dec.rs]), rd.eq(regs[dec.rd])]
+        operand2 = Mux(dec.has_rb, rb, dec.imm)
+        mem_addr = Signal(cfg.sram_addr_bits)
+        m.d.comb += mem_addr.eq(ra + dec.imm)
+
+        dsds = Array(self.dsd)
+        vd, va, vb = Signal(Dsd), Signal(Dsd), Signal(Dsd)
+        m.d.comb += [vd.eq(dsds[dec.dd]), va.eq(dsds[dec.da]), vb.eq(dsds[dec.db])]
+
+        # Register write port of the running instruction (the select cycle writes r1, r2 itself).
+        reg_we, reg_data = Signal(), Signal(32)
+        for i in range(1, len(self.regs)):
+            with m.If(reg_we & (dec.rd == i)):
+                m.d.sync += self.regs[i].eq(reg_data)
+
+        # ---------------------------------------------------------------- vector engine
+        is_vec = Signal()
+        m.d.comb += is_vec.eq(dec.unit == UnitCode.VEC)
+        m.submodules.vector = vec = VectorEngine(cfg)
+        m.d.comb += [
+            vec.active.eq(running & is_vec), vec.weighted.eq(is_("fmacw")),
+            vec.has_dd.eq(dec.has_dd), vec.has_db.eq(dec.has_db),
+            vec.dd.eq(vd), vec.da.eq(va), vec.db.eq(vb),
+            vec.rx_has.eq(rx_has), vec.tx_level.eq(tx_queue.level),
+            vec.head_a.eq(head_a[:DATA_BITS]), vec.head_b.eq(head_b[:DATA_BITS]),
+            [vec.read_data[k].eq(sram_rd[k].data) for k in range(3)],
+        ]
+
+        # ---------------------------------------------------------------- floating point
+        m.submodules.fp_add = fp_add = FPAdd()
+        m.submodules.fp_mul = fp_mul = FPMul()
+        m.submodules.fp_max = fp_max = FPMax()
+        m.submodules.fp_lt = fp_lt = FPLt()
+        m.submodules.fp_ftoi = fp_ftoi = FToI()
+        m.submodules.fp_itof = fp_itof = IToF()
+        # Operands: scalar registers, or the element being written (a, then b or the scalar rs;
+        # fmacw: a times the weight b, added to the destination word acc).
+        op_a, op_b = Signal(32), Signal(32)
+        m.d.comb += [
+            op_a.eq(Mux(is_vec, vec.a, ra)),
+            op_b.eq(Mux(is_vec, Mux(dec.has_db, vec.b, rs), rb)),
+            fp_mul.a.eq(Mux(is_("fmacs"), op_b, op_a)),
+            fp_mul.b.eq(Mux(is_("fmacs"), rs, op_b)),
+            fp_add.a.eq(Mux(is_("dot", "fsum"), rd, Mux(is_("fmacw"), vec.acc, op_a))),
+            fp_add.b.eq(Mux(is_(*_FMAC), fp_mul.result, Mux(is_("fsum"), op_a, op_b))),
+            fp_add.sub.eq(is_("sfsub", "fsub")),
+            fp_max.a.eq(op_a), fp_max.b.eq(op_b),
+            fp_lt.a.eq(ra), fp_lt.b.eq(rb),
+            fp_ftoi.a.eq(ra), fp_itof.a.eq(ra),
+        ]
+        fp_result = {"a": op_a, "add": fp_add.result, "mul": fp_mul.result, "max": fp_max.result,
+                     "lt": fp_lt.result, "ftoi": fp_ftoi.result, "itof": fp_itof.result}
+
+        # ---------------------------------------------------------------- execute
+        phase = Signal()     # second cycle of ld / ldsd
+        advance = Signal()   # the running instruction completes this cycle
+        stalled = Signal()   # ... waits for the fabric this cycle
+        taken = Signal()     # ... branches
+        can_send = (tx_queue.level < cfg.tx_depth) & (dec.color < colors)
+        can_recv = rx_has.bit_select(dec.color, 1)
+        task_ok = (dec.task < ntasks) & t_valid.bit_select(dec.task, 1)
+        m.d.sync += phase.eq(running & is_(*_TWO_CYCLE) & ~phase)
+        m.d.comb += [
+            pop_a.eq(Mux(select, sel_pops, (running & is_("recv") & can_recv) | vec.pop_a)),
+            color_a.eq(Mux(select, sel, Mux(is_vec, vec.color_a, dec.color))),
+            pop_b.eq(vec.pop_b),
+            color_b.eq(vec.color_b),
+        ]
+        with m.If(running):
+            m.d.comb += advance.eq(1)
+            with m.Switch(dec.opcode):
+                for name, fn in _ALU.items():
+                    with m.Case(opcode(name)):
+                        m.d.comb += [reg_we.eq(1), reg_data.eq(fn(ra, operand2))]
+                for name, unit in _FPU.items():
+                    with m.Case(opcode(name)):
+                        m.d.comb += [reg_we.eq(1), reg_data.eq(fp_result[unit])]
+                for name, fn in _BRANCH.items():
+                    with m.Case(opcode(name)):
+                        m.d.comb += taken.eq(fn(ra, rb))
+                with m.Case(opcode("exit")):
+                    m.d.sync += running.eq(0)
+                for name in ("activate", "block", "unblock"):
+                    with m.Case(opcode(name)):
+                        with m.If(task_ok):
+                            bits = {"activate": t_activated, "block": t_blocked, "unblock": t_blocked}[name]
+                            m.d.sync += bits.bit_select(dec.task, 1).eq(name != "unblock")
+                with m.Case(opcode("ld")):
+                    m.d.comb += [advance.eq(phase), reg_we.eq(phase), reg_data.eq(sram_rd[0].data)]
+                with m.Case(opcode("st")):
+                    m.d.comb += [sram_wr.addr.eq(mem_addr), sram_wr.data.eq(rs), sram_wr.en.eq(1)]
+                with m.Case(opcode("ldsd")):
+                    m.d.comb += advance.eq(phase)
+                    with m.If(phase):
+                        self._write_dsd(m, dec.dd, kind=sram_rd[1].data[:2], base=sram_rd[0].data[:16],
+                                        length=sram_rd[0].data[16:], stride=sram_rd[1].data[16:])
+                with m.Case(opcode("setb")):
+                    self._write_dsd(m, dec.dd, base=ra[:16])
+                with m.Case(opcode("addb")):
+                    self._write_dsd(m, dec.dd, base=vd.base + ra[:16])
+                with m.Case(opcode("setl")):
+                    self._write_dsd(m, dec.dd, length=ra[:16])
+                for name in ("send", "sendc"):
+                    with m.Case(opcode(name)):
+                        m.d.comb += [
+                            advance.eq(can_send), stalled.eq(~can_send), tx_push.eq(can_send),
+                            tx_push_data.data.eq(ra), tx_push_data.color.eq(dec.color),
+                            tx_push_data.ctrl.eq(name == "sendc"),
+                        ]
+                with m.Case(opcode("recv")):
+                    m.d.comb += [advance.eq(can_recv), stalled.eq(~can_recv),
+                                 reg_we.eq(can_recv), reg_data.eq(head_a[:32])]
+                for name, unit in _VECTOR.items():
+                    with m.Case(opcode(name)):
+                        m.d.comb += [advance.eq(vec.done), stalled.eq(vec.stalled)]
+                        with m.If(vec.wb_valid):
+                            with m.If(vec.wb_fabout):
+                                m.d.comb += [tx_push.eq(1), tx_push_data.data.eq(fp_result[unit]),
+                                             tx_push_data.color.eq(vd.base)]
+                            with m.Elif(dec.has_dd):
+                                m.d.comb += [sram_wr.addr.eq(vec.wb_addr), sram_wr.data.eq(fp_result[unit]),
+                                             sram_wr.en.eq(1)]
+                            with m.Else():
+                                m.d.comb += [reg_we.eq(1), reg_data.eq(fp_result[unit])]
+
+        # Data memory read addresses: ld / ldsd, or the issuing vector element.
+        with m.If(is_vec):
+            m.d.comb += [sram_rd[k].addr.eq(vec.read_addr[k]) for k in range(3)]
+        with m.Else():
+            m.d.comb += [sram_rd[0].addr.eq(mem_addr), sram_rd[1].addr.eq(mem_addr + 1)]
+
+        # ---------------------------------------------------------------- sequencing
+        next_pc = Signal(cfg.imem_addr_bits)
+        with m.If(select):
+            m.d.comb += next_pc.eq(Array(entry)[sel])
+            m.d.sync += [running.eq(1), self.task.eq(sel)]
+            with m.If(sel_pops):
+                m.d.sync += [self.regs[isa.DATA_TASK_DATA_REG].eq(head_a[:32]),
+                             self.regs[isa.DATA_TASK_CTRL_REG].eq(head_a[32])]
+            with m.Else():
+                m.d.sync += t_activated.bit_select(sel, 1).eq(0)
+        with m.Elif(running & advance):
+            m.d.comb += next_pc.eq(Mux(taken, dec.target, pc + 1))
+        with m.Else():
+            m.d.comb += next_pc.eq(pc)
+        m.d.sync += pc.eq(next_pc)
+        m.d.comb += imem_rd.addr.eq(next_pc)
+
+        count = self.counters
+        m.d.sync += [
+            count["busy"].eq(count["busy"] + (select | running)),
+            count["instructions"].eq(count["instructions"] + (running & advance)),
+            count["fmac"].eq(count["fmac"] + (vec.issue & is_(*_FMAC))),
+            count["flops"].eq(count["flops"] + (vec.issue & ~is_("fmov"))),
+            count["stall"].eq(count["stall"] + (running & stalled)),
+            count["tasks"].eq(count["tasks"] + select),
+        ]
+
+        self._host_port(m, sram_wr, sram_rd[0], imem_wr, imem_rd, entry, t_valid, t_bound, t_blocked,
+                        t_activated)
+        return m
+
+    def _write_dsd(self, m, index, **fields):
+        """Update ``fields`` of descriptor register ``index`` at the end of the cycle."""
+        with m.Switch(index):
+            for i, dsd in enumerate(self.dsd):
+                with m.Case(i):
+                    m.d.sync += [getattr(dsd, name).eq(value) for name, value in fields.items()]
+
+    def _host_port(self, m, sram_wr, sram_rd, imem_wr, imem_rd, entry, t_valid, t_bound, t_blocked,
+                   t_activated):
+        """The host bus: memory, task table and control access (the PE is idle)."""
+        host, ntasks = self.host, self.config.tasks
+        write = host.stb & host.we & (host.sel | host.bcast)
+        read = host.stb & ~host.we & host.sel
+        counters = [self.counters[name] for name in COUNTER_NAMES]
+
+        with m.If(write):
+            with m.Switch(host.space):
+                with m.Case(HostSpace.SRAM):
+                    m.d.comb += [sram_wr.addr.eq(host.addr), sram_wr.data.eq(host.wdata), sram_wr.en.eq(1)]
+                with m.Case(HostSpace.IMEM):
+                    m.d.comb += [imem_wr.addr.eq(host.addr), imem_wr.data.eq(host.wdata), imem_wr.en.eq(1)]
+                with m.Case(HostSpace.TASK):
+                    with m.Switch(host.addr):
+                        for t in range(ntasks):
+                            with m.Case(t):
+                                m.d.sync += [entry[t].eq(host.wdata[:16]), t_bound[t].eq(host.wdata[16]),
+                                             t_blocked[t].eq(host.wdata[17]), t_valid[t].eq(host.wdata[18]),
+                                             t_activated[t].eq(0)]
+                with m.Case(HostSpace.CTRL):
+                    with m.Switch(host.addr):
+                        with m.Case(0):
+                            with m.If((host.wdata < ntasks) & t_valid.bit_select(host.wdata[:6], 1)):
+                                m.d.sync += t_activated.bit_select(host.wdata[:6], 1).eq(1)
+                        for i, counter in enumerate(counters):
+                            with m.Case(i + 1):
+                                m.d.sync += counter.eq(host.wdata)
+
+        # Reads: memories through their read ports (data next cycle), the rest registered.
+        with m.If(read):
+            with m.Switch(host.space):
+                with m.Case(HostSpace.SRAM):
+                    m.d.comb += sram_rd.addr.eq(host.addr)
+                with m.Case(HostSpace.IMEM):
+                    m.d.comb += imem_rd.addr.eq(host.addr)
+        read_space = Signal(HostSpace)
+        read_value = Signal(32)
+        with m.If(read):
+            m.d.sync += [read_space.eq(host.space), read_value.eq(0)]
+            with m.Switch(host.space):
+                with m.Case(HostSpace.TASK):
+                    with m.Switch(host.addr):
+                        for t in range(ntasks):
+                            with m.Case(t):
+                                m.d.sync += read_value.eq(Cat(entry[t], Const(0, 16 - len(entry[t])),
+                                                              t_bound[t], t_blocked[t], t_valid[t]))
+                with m.Case(HostSpace.CTRL):
+                    with m.Switch(host.addr):
+                        for i, counter in enumerate(counters):
+                            with m.Case(i + 1):
+                                m.d.sync += read_value.eq(counter)
+        with m.Switch(read_space):
+            with m.Case(HostSpace.SRAM):
+                m.d.comb += host.rdata.eq(sram_rd.data)
+            with m.Case(HostSpace.IMEM):
+                m.d.comb += host.rdata.eq(imem_rd.data)
+            with m.Default():
+                m.d.comb += host.rdata.eq(read_value)
