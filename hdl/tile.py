@@ -1,0 +1,185 @@
+"""One fabric tile: a router beside its processing element.
+
+The PE's output link feeds the router's RAMP input and the router's RAMP
+output feeds the PE. The tile splits the host bus between them (the route
+table answers ``HostSpace.ROUTE``, the PE every other space) and lets the PE
+select tasks only while the mesh runs, which is what makes ``launch`` take
+effect at the start of the next run (``docs/architecture.md`` section 5).
+"""
+
+from amaranth import Module, Mux, Shape, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from wse.config import COLOR_BITS, FabricConfig, Port
+
+from .router import PORTS, ROUTE_BITS, Router
+from .wavelet import HostSpace, host_bus_signature, link_signature
+
+__all__ = ["MESH_PORTS", "Tile", "pe_signature"]
+
+#: The tile's ports toward its neighbours (or the mesh edge): N, E, S, W.
+MESH_PORTS = (Port.N, Port.E, Port.S, Port.W)
+
+
+def pe_signature(config: FabricConfig) -> dict:
+    """The members a PE must have (name -> member) to sit in a tile.
+
+    ``rx`` receives from the router's RAMP output and ``tx`` feeds its RAMP
+    input (both obey the link rules of spec 3.1); ``host`` is the host bus
+    with ``sel`` (``HostSpace.ROUTE`` requests never reach it; a read answers
+    in the next cycle); ``idle`` says that no task runs or is ready and the
+    ``rx`` and ``tx`` queues are empty; while ``enable`` is low the PE selects
+    no task. Other members are allowed and left at their defaults.
+    """
+    link = link_signature(config)
+    return {
+        "rx": In(link),
+        "tx": Out(link),
+        "host": In(host_bus_signature(config, select_tile=False)),
+        "idle": Out(1),
+        "enable": In(1),
+    }
+
+
+def _same_port(a, b) -> bool:
+    """Members ``a`` and ``b`` agree in flow and signature or shape (not in init)."""
+    if a.flow != b.flow or a.is_signature != b.is_signature:
+        return False
+    if a.is_signature:
+        return a.signature == b.signature
+    return Shape.cast(a.shape) == Shape.cast(b.shape)
+
+
+def _default_pe(config):
+    from .pe import PE
+    return PE(config)
+
+
+class Tile(wiring.Component):
+    """A router and a PE joined by the RAMP links.
+
+    Parameters
+    ----------
+    config : FabricConfig
+    pe : callable, optional
+        ``pe(config)`` returns the PE component; default :class:`wse.hdl.pe.PE`.
+        Its signature must contain the members of :func:`pe_signature`.
+
+    Members
+    -------
+    rx : In(link_signature(config)).array(4)
+        Links entering the tile's router from the N, E, S and W side.
+    tx : Out(link_signature(config)).array(4)
+        Links leaving by the N, E, S and W side.
+    host : In(host_bus_signature(config, select_tile=False))
+        Requests with ``stb & sel`` are for this tile; ``rdata`` answers a
+        read in the cycle after it. Route reads return ``input | outputs << 3``.
+    run : In(1)
+        The mesh is running: drives the PE's ``enable`` (no task starts
+        between runs).
+    first_color : In(5)
+        ``cycle mod colors``, for the router's arbitration.
+    idle : Out(1)
+        The PE is idle and every router FIFO is empty.
+    sent : Out(range(6))
+        Wavelets leaving the router this cycle.
+
+    Attributes
+    ----------
+    router : Router
+    pe : the PE component
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is not a :class:`FabricConfig`, ``pe`` is not callable,
+        or the PE lacks a member of :func:`pe_signature`.
+    """
+
+    def __init__(self, config: FabricConfig, *, pe=None):
+        if not isinstance(config, FabricConfig):
+            self._MustUse__silence = True  # a rejected design is not an unused one
+            raise TypeError(f"config must be a FabricConfig, not {config!r}")
+        if pe is None:
+            pe = _default_pe
+        if not callable(pe):
+            self._MustUse__silence = True  # a rejected design is not an unused one
+            raise TypeError(f"pe must be a callable that builds a PE from a config, not {pe!r}")
+        self._config = config
+        self.pe = pe(config)
+        members = getattr(getattr(self.pe, "signature", None), "members", None)
+        if members is None:
+            self._MustUse__silence = True  # a rejected design is not an unused one
+            raise TypeError(f"pe must build a wiring.Component, not {self.pe!r}")
+        wrong = [name for name, member in pe_signature(config).items()
+                 if name not in members or not _same_port(members[name], member)]
+        if wrong:
+            self._MustUse__silence = True  # a rejected design is not an unused one
+            self.pe._MustUse__silence = True
+            raise TypeError(f"the PE's members {wrong} must match pe_signature(config), not "
+                            f"{[members[name] if name in members else None for name in wrong]}")
+        self.router = Router(config)
+        link = link_signature(config)
+        super().__init__({
+            "rx": In(link).array(len(MESH_PORTS)),
+            "tx": Out(link).array(len(MESH_PORTS)),
+            "host": In(host_bus_signature(config, select_tile=False)),
+            "run": In(1),
+            "first_color": In(COLOR_BITS),
+            "idle": Out(1),
+            "sent": Out(range(PORTS + 1)),
+        })
+
+    @property
+    def config(self) -> FabricConfig:
+        """The configuration the tile was built for."""
+        return self._config
+
+    def elaborate(self, platform):
+        m = Module()
+        router, pe, host = self.router, self.pe, self.host
+
+        m.submodules.router = router
+        m.submodules.pe = pe
+        addressed = Signal()
+        m.d.comb += addressed.eq(host.stb & host.sel)
+
+        for port in MESH_PORTS:
+            wiring.connect(m, wiring.flipped(self.rx[port]), router.rx[port])
+            wiring.connect(m, router.tx[port], wiring.flipped(self.tx[port]))
+        wiring.connect(m, pe.tx, router.rx[Port.RAMP])
+        wiring.connect(m, router.tx[Port.RAMP], pe.rx)
+
+        m.d.comb += [
+            pe.enable.eq(self.run),
+            router.first_color.eq(self.first_color),
+            self.idle.eq(router.idle & pe.idle),
+            self.sent.eq(router.sent),
+        ]
+
+        # Host bus: ROUTE requests go to the router's table, the rest to the PE.
+        is_route = Signal()
+        m.d.comb += [
+            is_route.eq(host.space == HostSpace.ROUTE),
+            pe.host.stb.eq(host.stb & ~is_route),
+            pe.host.sel.eq(host.sel),
+            pe.host.we.eq(host.we),
+            pe.host.bcast.eq(host.bcast),
+            pe.host.space.eq(host.space),
+            pe.host.addr.eq(host.addr),
+            pe.host.wdata.eq(host.wdata),
+            router.route.color.eq(host.addr),
+            router.route.wdata.eq(host.wdata),
+            # Addresses beyond the 5-bit color field name no route.
+            router.route.we.eq(addressed & is_route & host.we & (host.addr >> COLOR_BITS == 0)),
+        ]
+        route_read = Signal()
+        route_rdata = Signal(ROUTE_BITS)
+        with m.If(addressed & ~host.we):
+            m.d.sync += [
+                route_read.eq(is_route),
+                route_rdata.eq(Mux(host.addr >> COLOR_BITS == 0, router.route.rdata, 0)),
+            ]
+        m.d.comb += host.rdata.eq(Mux(route_read, route_rdata, pe.host.rdata))
+        return m
