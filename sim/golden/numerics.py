@@ -149,7 +149,8 @@ def vftz(bits: np.ndarray) -> np.ndarray:
 
 def _all_normal(bits: np.ndarray) -> bool:
     """True if every pattern is a finite, normal number (exponent field 1..254)."""
-    return bool(np.all((bits & _EXP) - np.uint32(0x00800000) < np.uint32(0x7F000000)))
+    exponent = bits & _EXP
+    return bool(np.all((exponent != 0) & (exponent != _EXP)))
 
 
 def _ftz_in(bits) -> np.ndarray:
