@@ -17,9 +17,10 @@ setup: $(STAMP) system-tools
 # Python packages, into a virtual environment (torch is pinned to the CPU build).
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	@$(PY) -m pip install -q -e ".[dev]" 2>&1 | grep -v -e "is ignored" -e "^ *$$" || true
-	@$(PY) -c "import wse, amaranth, cocotb, torch, numpy" 
+	@echo "installing the Python packages into $(VENV) (log: $(VENV)/install.log)"
+	@{ $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e ".[dev]"; } > $(VENV)/install.log 2>&1 \
+	  || { tail -n 30 $(VENV)/install.log; exit 1; }
+	@$(PY) -c "import wse, amaranth, cocotb, torch, numpy"
 	@touch $(STAMP)
 
 # System tools: Icarus Verilog (cocotb regressions). Installed with apt when missing.
