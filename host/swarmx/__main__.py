@@ -1,0 +1,7 @@
+"""``python -m wse.host.swarmx`` (or ``torchrun ... -m wse.host.swarmx``): see :mod:`.selfcheck`."""
+
+import sys
+
+from .selfcheck import main
+
+sys.exit(main())

@@ -1,0 +1,264 @@
+"""Data-parallel weight-streaming training over the systems of a SwarmX group.
+
+One step of a global batch on N systems (``docs/swarmx.md``):
+
+1. the global batch's token blocks (the single system's columns, from the
+   executable's layout) are dealt to the systems in contiguous runs of
+   columns (:func:`column_shards`); every system reads the same global batch
+   and keeps its tokens;
+2. every tensor is broadcast from the MemoryX shards to every system, layer
+   by layer in streaming order;
+3. each system runs its tokens through the hook :meth:`System.train_shard`,
+   which returns one partial weight-gradient sum per column, exactly the
+   values the single system's gradient row chain would add, with every loss
+   delta scaled by ``1/n`` of the *global* batch;
+4. the partial sums are reduced, tensor by tensor in reverse streaming order
+   (gradients leave the wafer last layer first), each slice straight to the
+   MemoryX shard that owns it, in the fixed ``"chain"`` order: ``+0``, then
+   column 0, column 1, ... of system 0, then those of system 1, and so on,
+   which is the single system's row chain, so the gradient is the single
+   system's bit for bit;
+5. the shards step their slices; system 0 gathers the logits and computes
+   the loss and the count of correct predictions, which every system returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from wse.config import UsageError
+from wse.firmware.kernels.common import block_partition
+
+from .links import LinkModel
+
+__all__ = ["ShardResult", "System", "DataParallel", "DataParallelResult", "column_shards", "token_blocks",
+           "mean_cross_entropy"]
+
+
+@dataclasses.dataclass
+class ShardResult:
+    """What a system returns for its share of a global batch (the runtime hook's result).
+
+    Members
+    -------
+    logits : float32 ``[m, classes]``
+        Logits of the ``m`` real samples given, in order.
+    grad_partials : dict of str to float32 ``[len(columns), *shape]``
+        For every parameter (PyTorch names and shapes) and every column ``j``
+        of ``columns``, in order: the column's partial weight-gradient sum
+        ``+0 + g(t0) + g(t0 + 1) + ...`` over its tokens (padding included) in
+        the fabric's order, before the row chain adds the columns together.
+    cycles : int
+        Fabric cycles this system spent on the step.
+    """
+
+    logits: np.ndarray
+    grad_partials: dict
+    cycles: int
+
+
+class System(Protocol):
+    """The runtime hook SwarmX drives (implemented by ``wse.host.runtime.Runtime``).
+
+    ``train_shard(x, y, weights, *, n, columns) -> ShardResult``:
+
+    - ``x``: float32 ``[m, *input_shape]``, the real samples among the
+      tokens of global-batch columns ``columns`` (``m`` may be 0);
+    - ``y``: int64 ``[m]`` labels;
+    - ``weights``: float32 whole weights by PyTorch name;
+    - ``n``: real samples of the whole global batch; every real sample's loss
+      delta is scaled by ``float32(1) / float32(n)``, padding's by 0;
+    - ``columns``: a ``range`` of the single system's columns (token blocks).
+
+    Contract: for the whole batch (``columns = range(C)``, ``n = len(x)``),
+    :func:`~wse.host.swarmx.fold_partials` of ``grad_partials[name]`` equals
+    ``train_step(x, y, weights).grads[name]`` bit for bit, and the logits
+    equal ``train_step``'s rows.
+    """
+
+    def train_shard(self, x: np.ndarray, y: np.ndarray, weights: Mapping[str, np.ndarray], *, n: int,
+                    columns: range) -> ShardResult: ...
+
+
+def column_shards(columns: int, systems: int) -> list[range]:
+    """The single system's ``columns`` dealt to ``systems`` in contiguous runs, in order.
+
+    System ``r`` gets run ``r`` of :func:`~wse.firmware.kernels.common.block_partition`:
+    the first ``columns mod systems`` systems one column more, and systems
+    beyond ``columns`` none (they still take part in every collective).
+    """
+    return block_partition(columns, systems)
+
+
+def token_blocks(executable) -> list[range]:
+    """The token block of each column of a compiled executable (``layout["token_start"]``, ``["tokens"]``)."""
+    layout = executable.layout
+    return [range(int(s), int(s) + int(c)) for s, c in zip(layout["token_start"], layout["tokens"])]
+
+
+def mean_cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
+    """Mean softmax cross-entropy of float32 ``logits [n, classes]`` in float64: log-sum-exp minus
+    the label's logit, as ``wse.host.runtime.Runtime.train_step`` computes its loss."""
+    z = logits.astype(np.float64)
+    top = z.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z - top).sum(axis=1)) + top[:, 0]
+    return float(np.mean(lse - z[np.arange(len(y)), y]))
+
+
+@dataclasses.dataclass
+class DataParallelResult:
+    """One data-parallel step, the same on every system (``logits`` on system 0 only).
+
+    Members
+    -------
+    loss : float
+        :func:`mean_cross_entropy` of the whole global batch.
+    correct : int
+        Real samples whose first maximal logit is the label.
+    logits : float32 ``[n, classes]`` or None
+        The global batch's logits on system 0; None on the others.
+    compute_cycles : int
+        The slowest system's cycles.
+    swarmx_cycles : int
+        :meth:`LinkModel.step_cycles` of the weights over the group.
+    cycles : int
+        ``compute_cycles + swarmx_cycles`` (no overlap assumed).
+    applied : bool
+        Whether MemoryX applied the step (False: skipped for a non-finite gradient).
+    """
+
+    loss: float
+    correct: int
+    logits: np.ndarray | None
+    compute_cycles: int
+    swarmx_cycles: int
+    cycles: int
+    applied: bool
+
+
+class DataParallel:
+    """One system's part of data-parallel training: ``step(x, y)`` on every system of the group.
+
+    Parameters
+    ----------
+    group : Group
+        The systems.
+    system : System
+        This system's runtime (the :class:`System` hook).
+    memoryx : ShardedMemoryX
+        This system's MemoryX shard (over the same group).
+    blocks : sequence of range
+        The single system's token block per column (:func:`token_blocks`):
+        contiguous, in order, from token 0.
+    links : LinkModel, optional
+        For :attr:`DataParallelResult.swarmx_cycles`; the defaults otherwise.
+
+    Raises
+    ------
+    UsageError
+        For blocks that do not tile ``0 .. batch-1`` in order, or a MemoryX
+        over another group.
+    """
+
+    def __init__(self, group, system: System, memoryx, blocks: Sequence[range], *, links: LinkModel | None = None):
+        blocks = [range(b.start, b.stop) for b in blocks]
+        if not blocks or blocks[0].start != 0 or any(a.stop != b.start for a, b in zip(blocks, blocks[1:])) \
+                or any(len(b) == 0 for b in blocks):
+            raise UsageError(f"blocks must be non-empty token ranges that follow each other from token 0, "
+                             f"not {blocks}")
+        if memoryx.group is not group:
+            raise UsageError("memoryx must be sharded over the same SwarmX group as the data-parallel step")
+        self.group, self.system, self.memoryx = group, system, memoryx
+        self.blocks = blocks
+        self.batch = blocks[-1].stop
+        self.links = links or LinkModel()
+        self.shards = column_shards(len(blocks), group.size)
+        self.columns = self.shards[group.rank]
+        self.tokens = range(blocks[self.columns.start].start, blocks[self.columns.stop - 1].stop) \
+            if len(self.columns) else range(self.batch, self.batch)
+
+    def _tokens_of(self, rank: int, n: int) -> range:
+        cols = self.shards[rank]
+        if not len(cols):
+            return range(0)
+        return range(self.blocks[cols.start].start, min(self.blocks[cols.stop - 1].stop, n))
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> DataParallelResult:
+        """Train on the global batch ``(x, y)`` (the same arrays on every system); a collective.
+
+        Raises
+        ------
+        UsageError
+            For a batch of the wrong size or dtype, or a system result that
+            breaks the :class:`System` contract.
+        """
+        x, y = np.asarray(x), np.asarray(y)
+        n = len(x)
+        if x.dtype != np.float32 or y.dtype != np.int64 or y.shape != (n,) or not 1 <= n <= self.batch:
+            raise UsageError(f"the global batch must be float32 x and int64 y of 1 to {self.batch} samples, not "
+                             f"{x.dtype} {list(x.shape)} and {y.dtype} {list(y.shape)}")
+        group, memoryx = self.group, self.memoryx
+        weights = dict(memoryx.stream_weights())
+        mine = self._tokens_of(group.rank, n)
+        names = memoryx.names()
+        if len(self.columns):
+            result = self.system.train_shard(x[mine.start:mine.stop], y[mine.start:mine.stop], weights, n=n,
+                                             columns=self.columns)
+            partials, logits, cycles = result.grad_partials, np.asarray(result.logits), int(result.cycles)
+            if set(partials) != set(names):
+                raise UsageError(f"the system returned gradient partial sums for {sorted(partials)}, "
+                                 f"expected {sorted(names)}")
+        else:
+            partials = {name: np.zeros((0, *memoryx.shape(name)), np.float32) for name in names}
+            logits, cycles = None, 0
+        grads = {name: np.empty(len(memoryx.local_range(name)), np.float32) for name in names}
+        works = []
+        for name in reversed(names):
+            stack = np.asarray(partials[name])
+            expected = (len(self.columns), *memoryx.shape(name))
+            if stack.dtype != np.float32 or stack.shape != expected:
+                raise UsageError(f"gradient partial sums of {name!r} must be float32 {list(expected)}, "
+                                 f"not {stack.dtype} {list(stack.shape)}")
+            flat = stack.reshape(len(self.columns), int(np.prod(expected[1:], dtype=np.int64)))
+            for owner, span in enumerate(memoryx.shard_map.ranges(name)):
+                part = np.ascontiguousarray(flat[:, span.start:span.stop])
+                out = grads[name] if owner == group.rank else None
+                works.append(group.reduce_partials(part, owner, out=out, async_op=True))
+        for work in works:
+            work.wait()
+        applied = memoryx.apply_gradients(grads)
+        return self._summary(n, y, logits, cycles, applied)
+
+    def _summary(self, n: int, y: np.ndarray, logits, cycles: int, applied: bool) -> DataParallelResult:
+        group, root = self.group, self.group.rank == 0
+        counts = [len(self._tokens_of(r, n)) for r in range(group.size)]
+        classes = np.zeros(1, np.int64)
+        if root:
+            classes[0] = logits.shape[1]       # system 0 always holds token 0
+        group.broadcast(classes, 0)
+        mine = np.zeros((counts[group.rank], int(classes[0])), np.float32) if logits is None else \
+            np.ascontiguousarray(logits, np.float32)
+        if mine.shape != (counts[group.rank], int(classes[0])):
+            raise UsageError(f"the system returned logits of shape {list(mine.shape)}, expected "
+                             f"{[counts[group.rank], int(classes[0])]}")
+        parts = [np.empty((c, int(classes[0])), np.float32) for c in counts] if root else None
+        group.gather(mine, parts, 0)
+        all_cycles = [np.zeros(1, np.int64) for _ in counts] if root else None
+        group.gather(np.array([cycles], np.int64), all_cycles, 0)
+        summary = np.zeros(3, np.float64)
+        everything = None
+        if root:
+            everything = np.concatenate(parts)
+            summary[:] = (mean_cross_entropy(everything, y),
+                          np.count_nonzero(np.argmax(everything, axis=1) == y),
+                          max(int(c[0]) for c in all_cycles))
+        group.broadcast(summary, 0)
+        compute = int(summary[2])
+        sizes = [4 * int(np.prod(self.memoryx.shape(name), dtype=np.int64)) for name in self.memoryx.names()]
+        swarmx = self.links.step_cycles(sizes, group.size, group.reduce_order)
+        return DataParallelResult(loss=float(summary[0]), correct=int(summary[1]), logits=everything,
+                                  compute_cycles=compute, swarmx_cycles=swarmx, cycles=compute + swarmx,
+                                  applied=applied)
