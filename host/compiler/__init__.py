@@ -1,8 +1,10 @@
 """The compiler: PyTorch front end, the layer IR, mappers and code generation.
 
-:func:`trace` turns an ``nn.Module`` into a :class:`Graph` of layers; the
-mappers and the code generator work from that graph. The IR imports without
-PyTorch; the front end (which needs it) loads on first use.
+:func:`trace` turns an ``nn.Module`` into a :class:`Graph` of layers;
+:func:`compile_model` traces, maps (weight streaming now, layer pipelining
+beside it later: :mod:`.mapper`) and generates an :class:`Executable` that
+:mod:`wse.host.runtime` runs. The IR imports without PyTorch; the front end
+(which needs it) loads on first use, as do the mappers.
 """
 
 from __future__ import annotations
@@ -14,14 +16,21 @@ from .ir import (IR_FORMAT, IR_VERSION, Flatten, Graph, Input, Layer, Linear, Re
 
 _FRONTEND_NAMES = ("trace", "UnsupportedModelError", "UntraceableModelError", "ModelShapeError",
                    "UnsupportedOp")
+_LAZY = {
+    "compile_model": "mapper", "compile_graph": "mapper", "choose_mode": "mapper", "MAPPERS": "mapper",
+    "Mapper": "mapper", "register_mapper": "mapper", "Executable": "executable", "FitError": "weight_streaming",
+}
 
 __all__ = ["IR_FORMAT", "IR_VERSION", "Flatten", "Graph", "Input", "Layer", "Linear", "ReLU",
-           "Shape", "SoftmaxCrossEntropy", "format_shape", *_FRONTEND_NAMES]
+           "Shape", "SoftmaxCrossEntropy", "format_shape", *_FRONTEND_NAMES, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    # The front end imports torch; load it only when asked for.
+    # The front end imports torch, the mappers numba: load them only when asked for.
     if name in _FRONTEND_NAMES:
         from . import frontend
         return getattr(frontend, name)
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,268 @@
+"""The instruction stream of ``train.s`` for a PE's op list, as timing ops.
+
+:func:`pe_ops` follows the control flow of ``train.s`` for one PE's op list
+(the branches depend only on record fields and loop counters) and returns
+what the PE does, in order, as rows of :data:`OP_FIELDS`:
+
+* ``BUSY n``: ``n`` cycles of instructions that touch only the PE's own
+  state (scalar instructions, ``ld``/``ldsd`` 2 cycles, branches 1, memory
+  vector instructions ``n + 1``), the task selection and ``exit``;
+* ``RECV color``: one ``recv``;
+* ``VEC n, in1, in2, out, period``: a vector instruction with fabric
+  operands (colors, -1 for none); ``period > 0`` marks an ``fmacw`` popping
+  one weight from ``in1`` every ``period`` elements;
+* ``END``: the task's ``exit`` (its one cycle is included).
+
+The static cycle model (:mod:`wse.host.compiler.cycles`) replays these
+against the routers and queues. The mirror must change with ``train.s``:
+``tests/test_weight_streaming.py`` checks the stall-free cycles per PE
+against the golden model's ``busy - stall`` counters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse.firmware.isa import DsdKind
+
+from . import records as rec
+
+__all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops"]
+
+BUSY, RECV, VEC, END = 0, 1, 2, 3
+#: Columns of an op row.
+OP_FIELDS = ("op", "a", "b", "c", "d", "e")
+
+# Dispatch cost of each kind: ld 2 + beq 1 + (li, beq) per kind tested before it.
+_ORDER = ("sgemm", "wgrad", "relu", "transpose", "mask", "softmax")
+_DISPATCH = {kind: 3 + 2 * (i + 1) for i, kind in enumerate(_ORDER)}
+_OP_DONE = 4          # ld 2, add, jmp
+
+
+class _Ops:
+    def __init__(self):
+        self.rows: list[tuple] = []
+        self.pending = 0
+
+    def busy(self, n: int) -> None:
+        self.pending += int(n)
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.rows.append((BUSY, self.pending, 0, 0, 0, 0))
+            self.pending = 0
+
+    def recv(self, color: int) -> None:
+        self._flush()
+        self.rows.append((RECV, color, 0, 0, 0, 0))
+
+    def vec(self, n: int, in1=-1, in2=-1, out=-1, period=0) -> None:
+        """A vector instruction; without fabric operands it is ``n + 1`` private cycles."""
+        if in1 < 0 and in2 < 0 and out < 0:
+            self.busy(n + 1)
+            return
+        self._flush()
+        self.rows.append((VEC, n, in1, in2, out, period))
+
+    def end(self) -> np.ndarray:
+        self.busy(1)   # exit
+        self._flush()
+        self.rows.append((END, 0, 0, 0, 0, 0))
+        return np.array(self.rows, dtype=np.int64).reshape(-1, len(OP_FIELDS))
+
+
+def _color(d) -> int:
+    """The color of a fabric descriptor, -1 for a memory one."""
+    return d[1] if d[0] != DsdKind.MEM else -1
+
+
+def _fmacw_n(ld: int, la: int) -> int:
+    return max(ld, la) if min(ld, la) else 0
+
+
+def _sgemm(ops: _Ops, f: dict) -> None:
+    K, T, H, rounds, o_last, e = f["k"], f["t"], f["h"], f["rounds"], f["o_last"], f["e0"]
+    w = _color(f["w"])
+    n_w = _fmacw_n(f["acc"][2], f["x1"][2])
+    c_out, c_in = _color(f["out"]), _color(f["inp"])
+
+    def weights():
+        ops.recv(w)
+        ops.busy(T + 1)                                   # fmacs (memory)
+        ops.vec(n_w, w, period=f["acc"][2]) if n_w else ops.vec(0, w, period=1)
+
+    def start():
+        ops.recv(w)
+        ops.vec(T, out=c_out)
+
+    def middle():
+        ops.vec(T, in1=c_in, out=c_out)
+
+    def end():
+        ops.vec(T, in1=c_in)
+
+    ops.busy(26)                                          # 3 ld, 2 addi, 8 ldsd, ld
+    if H == 1:
+        ops.busy(2)                                       # beq (taken), beq
+        for _ in range(rounds):
+            ops.busy(1)                                   # beq r4
+            if K:
+                weights()
+            ops.recv(w)
+            ops.busy(T + 1 + 3)                           # fadds to memory, addb, addi, bne
+        if rounds:
+            ops.busy(1)                                   # jmp op_done
+        return
+    ops.busy(2 if rounds == 0 else 3)
+    mids = H - 2
+    for _ in range(rounds):
+        if K:
+            weights(); start()
+            ops.busy(2)                                   # andi, beq
+            if mids % 2:
+                weights(); middle()
+            ops.busy(2)                                   # shri, beq
+            for _ in range(mids // 2):
+                weights(); middle(); weights(); middle()
+                ops.busy(2)                               # addi, bne
+            weights(); end()
+            ops.busy(3)                                   # addb, addi, bne
+        else:
+            start()
+            ops.busy(2)                                   # add, beq
+            for _ in range(mids):
+                middle()
+                ops.busy(2)
+            end()
+            ops.busy(3)
+    if rounds and K:
+        ops.busy(1)                                       # jmp sg_partial
+    ops.busy(3)                                           # ld r9, beq
+    if not o_last:
+        return
+    ops.busy(3)                                           # ld r12, li r13
+    for p in range(H):
+        ops.busy(1)                                       # bge e, o_last
+        if e < o_last:
+            ops.busy(1)                                   # beq K
+            if K:
+                weights()
+            ops.busy(1)                                   # beq p == 0
+            if p == 0:
+                start()
+                ops.busy(1)                               # jmp
+            else:
+                ops.busy(1)                               # beq p == H-1
+                if p == H - 1:
+                    end()
+                else:
+                    middle()
+                    ops.busy(1)                           # jmp
+        ops.busy(2)                                       # addi, bge
+        e -= 1
+        if e < 0:
+            e += H
+            ops.busy(2)                                   # add, addi
+        ops.busy(2)                                       # addi, bge
+    ops.busy(1)                                           # jmp op_done
+
+
+def _rotate(ops: _Ops, f: dict, words_out: int, words_in: int, setup: int) -> None:
+    c_out, c_in = _color(f["rout"]), _color(f["rin"])
+    ops.busy(setup)
+    if f["send_first"]:
+        ops.vec(words_out, out=c_out)
+        ops.vec(words_in, in1=c_in)
+        ops.busy(1)                                       # jmp
+    else:
+        ops.vec(words_in, in1=c_in)
+        ops.vec(words_out, out=c_out)
+
+
+def _wgrad(ops: _Ops, f: dict, counts: list[int]) -> None:
+    T, Kx, H, bias = f["t"], f["kx"], f["h"], f["bias"]
+    e_in, e_out = _color(f["ein"]), _color(f["eout"])
+    n_w = _fmacw_n(f["g"][2], f["x1"][2])
+    ops.busy(24)                                          # 9 ld/ldsd, ..., addi, li
+    for s in range(H):
+        n = counts[s]
+        ops.busy(4)                                       # add, ld, bge
+        if s < H - 1:
+            _rotate(ops, f, n * T, counts[s + 1] * T, 20)
+        ops.busy(13 + (3 if s == 0 else 0))              # descriptors, length
+        ops.busy(3)                                       # setl, setl, beq
+        length = Kx + (bias if s == 0 else 0)
+        if n:
+            ops.busy(1)                                   # bne s
+            with_bias = s == 0 and bias
+            if s == 0:
+                ops.busy(3)                               # ld bias, bne
+            for _ in range(n):
+                ops.busy(2 + Kx + 1 + n_w + 1)            # ld, fmacs, fmacw (memory)
+                if with_bias:
+                    ops.busy(1 + T + 1 + 1)               # li, fsum, st
+                ops.vec(length, in1=e_in, out=e_out)
+                ops.busy(5 if with_bias else 4)           # addb(s), add, addi, bne
+            if not with_bias:
+                ops.busy(1)                               # jmp wg_next
+        ops.busy(5)                                       # 3 add, addi, bge
+    ops.busy(1)                                           # jmp op_done
+
+
+def _softmax(ops: _Ops, f: dict, counts: list[int]) -> None:
+    T, H, C, ci, N = f["t"], f["h"], f["c"], f["ci"], f["n"]
+    ops.busy(14)
+    row = f["row"]
+    for s in range(H):
+        n = counts[s]
+        ops.busy(17 + n * (T + 5))                        # placing the block
+        ops.busy(1)                                       # bge
+        if s < H - 1:
+            _rotate(ops, f, n * T, counts[s + 1] * T, 20)
+        ops.busy(5)
+        row -= 1
+        if row < 0:
+            row += H
+            ops.busy(2)
+        ops.busy(2)
+    ops.busy(3)                                           # ld ci, beq
+    if not ci:
+        return
+    cost = 2 + 2 + 2 + 1 + (T + 1) + 2 + 1 + 1 + (C - 1) * (T + 4)        # max
+    cost += 1 + 2 + C * (T + 4)                                              # subtract
+    cost += 6 + 2 + (N + 1) + 8 + N * 11                                     # t, n, nf
+    cost += 2 * (2 + N + 1) + 2 + (N + 1) + 5 * (2 + 2 * (N + 1)) + 2 + (N + 1)   # r and p
+    cost += 6 + N * 15                                                       # scale by 2^n
+    cost += 2 + 2 + 2 + 1 + (T + 1) + 2 + 1 + 1 + (C - 1) * (T + 4)          # sum
+    cost += 7 + T * 8 + 7 + 2 * (3 * (T + 1) + 2) + 2 + 4 * (T + 1)          # reciprocal
+    cost += 8 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + ci * (3 * (T + 1) + 5) + 1       # deltas, jmp
+    ops.busy(cost)
+
+
+def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
+    """The timing ops of one PE running the op list that begins at ``words[start]``."""
+    ops = _Ops()
+    ops.busy(1 + 2)                                       # task selection, ld r15
+    at = int(start)
+    while True:
+        length = int(words[at + 1]) if words[at] else rec.HEADER_WORDS
+        kind, fields, table = rec.decode(words[at:at + length])
+        if kind == "end":
+            ops.busy(3)                                   # ld, beq (taken) then exit in end()
+            return ops.end()
+        ops.busy(_DISPATCH[kind])
+        if kind == "sgemm":
+            _sgemm(ops, fields)
+        elif kind == "wgrad":
+            _wgrad(ops, fields, table)
+        elif kind == "softmax":
+            _softmax(ops, fields, table)
+        elif kind == "relu":
+            ops.busy(2 + fields["data"][2] + 1 + 1)
+        elif kind == "transpose":
+            T, K = fields["t"], fields["k"]
+            ops.busy(10 + T * (K + 5) + (1 if T else 0))
+        elif kind == "mask":
+            ops.busy(11 + 4 * (fields["act"][2] + 1))
+        ops.busy(_OP_DONE)
+        at += length

@@ -1,0 +1,58 @@
+"""Code generation: a mapper's plan in, an :class:`~.executable.Executable` out.
+
+The PE program is the assembled training firmware; the per-PE op lists of
+every phase become static memory images; stream orders, host transfers and
+phase descriptions are copied over; the cycles of every phase come from the
+static cycle model (:mod:`.cycles`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from wse.firmware.training import training_program
+
+from . import cycles as cycle_model
+from .executable import Executable
+from .weight_streaming import Plan
+
+__all__ = ["generate"]
+
+
+def _op_image(plan: Plan, phase) -> np.ndarray:
+    """The phase's op lists as one ``uint32 [H, W, n]`` image (zero padding reads as ``end``)."""
+    cfg = plan.config
+    words = plan.regions[f"ops:{phase.name}"][1]
+    image = np.zeros((cfg.height, cfg.width, words), dtype=np.uint32)
+    for i, row in enumerate(phase.records):
+        for j, ops in enumerate(row):
+            if ops:
+                flat = np.concatenate(ops)
+                image[i, j, :flat.size] = flat
+    return image
+
+
+def generate(plan: Plan) -> Executable:
+    """Build the executable of a weight-streaming plan, cycles included."""
+    cfg = plan.config
+    program = training_program(cfg)
+    static = [(phase.ops_addr, _op_image(plan, phase)) for phase in plan.phases.values()]
+    cycles = cycle_model.phase_cycles(plan, program)
+    phases = {}
+    for name, phase in plan.phases.items():
+        phases[name] = {"group": phase.group, "ops_addr": phase.ops_addr, "streams_in": phase.streams_in,
+                        "streams_out": phase.streams_out, "math": phase.math, "fmacs": int(phase.fmacs),
+                        "cycles": int(cycles[name])}
+    layout = {
+        "layers": [dataclasses.asdict(layer) for layer in plan.layers],
+        "relu_input": plan.relu_input,
+        "height": cfg.height,
+        "columns": plan.columns,
+        "tokens": [len(block) for block in plan.tokens],
+        "token_start": [block.start for block in plan.tokens],
+    }
+    return Executable(graph=plan.graph, config=cfg, batch=plan.batch, mode="weight_streaming", program=program,
+                      routes=list(plan.routes), static=static, transfers=plan.transfers, phases=phases,
+                      sequences=plan.sequences, regions=plan.regions, layout=layout)

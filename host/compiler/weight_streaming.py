@@ -1,0 +1,304 @@
+"""The weight-streaming mapping: where every value of a training step lives
+on the mesh, what each PE does in each phase, and in which order weights
+stream in and gradients stream out.
+
+Layout (``docs/weight_streaming.md``): the batch's tokens are dealt over the
+mesh columns in contiguous blocks (:func:`~wse.firmware.kernels.common.block_partition`),
+``T_j`` to column ``j``; the features of every activation are dealt to rows
+cyclically, feature ``k`` to row ``k mod H`` at local index ``k div H``. A PE
+keeps its activations feature-major (``[local feature][token]``) and, for the
+weight gradients, a token-major copy. Weights never stay on the wafer.
+
+:func:`plan` returns a :class:`Plan`: the memory map, the phases with their
+per-PE op records (:mod:`wse.firmware.training.records`), the host's stream
+orders and the functional description of every phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from wse.config import FabricConfig, Port, UsageError
+from wse.firmware.kernels.common import block_partition, chain_routes, multicast_routes, row_cells
+from wse.firmware.training import C_W, training_program
+
+from .ir import Graph, Linear, ReLU, SoftmaxCrossEntropy
+
+__all__ = ["FitError", "WSLayer", "Phase", "Plan", "plan", "RING", "WRAP", "EAST", "COLORS_USED",
+           "ring_colors", "ring_capacity"]
+
+#: Colors of the column ring: the chain south (alternating by row) and the wrap north.
+RING = (1, 2)
+WRAP = 3
+#: Colors of the row chain of the weight gradients (alternating by column).
+EAST = (4, 5)
+#: Colors the mapping needs.
+COLORS_USED = 6
+
+
+class FitError(UsageError):
+    """A model or batch does not fit the fabric; the message states what is
+    needed and what is available."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WSLayer:
+    """One Linear layer as the mapping sees it.
+
+    Members
+    -------
+    index:
+        Position among the Linear layers (0 is the first).
+    name, weight, bias:
+        Layer name and its parameters' state_dict keys (``bias`` None without one).
+    k, o:
+        Input and output features.
+    relu:
+        Whether a ReLU follows the layer.
+    """
+    index: int
+    name: str
+    weight: str
+    bias: str | None
+    k: int
+    o: int
+    relu: bool
+
+
+@dataclasses.dataclass
+class Phase:
+    """One run of the fabric.
+
+    Members
+    -------
+    name:
+        Human-readable, such as ``"fwd fc1"``.
+    group:
+        ``"forward"``, ``"loss"``, ``"backward-data"`` or ``"backward-weight"``;
+        the streamed GEMMs are the ``forward`` and ``backward-data`` phases.
+    ops_addr:
+        Address of the phase's op list (the same on every PE).
+    records:
+        ``[H][W]`` lists of op-record word arrays, one list per PE.
+    streams_in:
+        Weight streams: dicts with ``edge``, ``index``, ``color``, ``tensors``
+        (names whose flattened values, then the constants +0.0 and -0.0, form
+        the pool), ``gather`` (pool index per wavelet) and ``ctrl`` (flags).
+    streams_out:
+        Gradient streams: dicts with ``edge``, ``index``, ``color``,
+        ``tensors`` (the gradient pool, flattened in order) and ``scatter``
+        (pool index per wavelet).
+    math:
+        What the phase computes, for the functional backend (JSON-able).
+    fmacs:
+        FMAC elements of the phase, all PEs together.
+    """
+    name: str
+    group: str
+    ops_addr: int
+    records: list
+    streams_in: list
+    streams_out: list
+    math: list
+    fmacs: int = 0
+
+
+@dataclasses.dataclass
+class Plan:
+    """The weight-streaming mapping of one model, batch and fabric.
+
+    Members
+    -------
+    config, batch, graph:
+        What was mapped.
+    layers:
+        The Linear layers in order, with their ReLU flags.
+    relu_input:
+        Whether a ReLU is applied to the model input.
+    columns, tokens:
+        Columns holding tokens (``min(width, batch)``) and each one's token block.
+    regions:
+        Name -> (address, words) of every buffer in PE memory.
+    phases:
+        Every phase by name, in training order.
+    sequences:
+        ``{"train": [...], "eval": [...]}``: the phases of a step.
+    routes:
+        Route-table entries ``(x, y, color, input, outputs)``.
+    transfers:
+        Per-step host copies: ``{name: (address, index map [H, W, n])}`` for the
+        inputs ``x``, ``onehot``, ``scale`` and the output ``logits``.
+    """
+    config: FabricConfig
+    batch: int
+    graph: Graph
+    layers: list
+    relu_input: bool
+    columns: int
+    tokens: list
+    regions: dict
+    phases: dict
+    sequences: dict
+    routes: list
+    transfers: dict
+
+
+def ring_colors(row: int, height: int) -> tuple[int, int]:
+    """``(c_in, c_out)``: colors of the partial sums entering and leaving ``row``."""
+    c_in = WRAP if row == 0 else RING[row % 2]
+    c_out = WRAP if row == height - 1 else RING[(row + 1) % 2]
+    return c_in, c_out
+
+
+def ring_capacity(config: FabricConfig) -> int:
+    """Wavelets one link of the ring can hold: output queue, two router buffers, input queue."""
+    return config.tx_depth + 2 * config.router_depth + config.rx_depth
+
+
+def _local(n: int, height: int, row: int) -> int:
+    """Features of ``n`` dealt cyclically that land on ``row``."""
+    return len(range(row, n, height))
+
+
+def _lower(graph: Graph) -> tuple[list[WSLayer], bool]:
+    layers, relu_input, pending = [], False, False
+    for layer in graph.layers[1:]:
+        if isinstance(layer, Linear):
+            layers.append(WSLayer(len(layers), layer.name, layer.weight_name, layer.bias_name,
+                                  layer.in_features, layer.out_features, False))
+        elif isinstance(layer, ReLU):
+            if layers:
+                layers[-1] = dataclasses.replace(layers[-1], relu=True)
+            else:
+                relu_input = True
+        elif isinstance(layer, SoftmaxCrossEntropy):
+            pending = True
+    if not pending:
+        raise UsageError(f"model {graph.name} has no loss; weight-streaming training needs softmax "
+                         f"cross-entropy as the last layer")
+    if graph.loss.reduction != "mean":
+        raise UsageError(f"the loss of model {graph.name} uses reduction {graph.loss.reduction!r}; "
+                         f"weight streaming supports 'mean'")
+    return layers, relu_input
+
+
+class _Memory:
+    """A bump allocator over PE memory that remembers who asked for what."""
+
+    def __init__(self, start: int):
+        self.next = start
+        self.regions: dict[str, tuple[int, int]] = {}
+        self.owners: dict[str, int] = {}
+
+    def take(self, name: str, words: int, owner: str) -> int:
+        addr = self.next
+        self.regions[name] = (addr, int(words))
+        self.next += int(words)
+        self.owners[owner] = self.owners.get(owner, 0) + int(words)
+        return addr
+
+
+def _check_fit(config: FabricConfig, batch: int, columns: int, tmax: int) -> None:
+    if config.colors < COLORS_USED:
+        raise FitError(f"weight streaming needs {COLORS_USED} colors but the configuration has "
+                       f"colors={config.colors}")
+    capacity = ring_capacity(config)
+    if tmax > capacity - 1:
+        raise FitError(f"a batch of {batch} on {columns} columns puts {tmax} tokens on a PE, but a link of "
+                       f"the partial-sum ring holds {capacity} wavelets (tx_depth + 2*router_depth + "
+                       f"rx_depth), which allows at most {capacity - 1} tokens per PE; use a smaller batch "
+                       f"or a wider mesh")
+
+
+def plan(graph: Graph, config: FabricConfig, batch: int) -> Plan:
+    """Map ``graph`` for training with batches of ``batch`` samples on ``config``.
+
+    Raises
+    ------
+    FitError
+        If the activations, buffers and op lists do not fit in ``sram_words``,
+        the batch puts more tokens on a PE than the ring can carry, or the
+        fabric has too few colors.
+    UsageError
+        If the graph has no softmax cross-entropy loss with ``mean`` reduction.
+    """
+    from . import ws_phases  # the phase builders (split for size)
+
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise UsageError(f"batch must be a positive integer, not {batch!r}")
+    batch = int(batch)
+    layers, relu_input = _lower(graph)
+    H = config.height
+    columns = min(config.width, batch)
+    tokens = block_partition(batch, columns)
+    tmax = len(tokens[0])
+    _check_fit(config, batch, columns, tmax)
+    code = len(training_program(config.replace(imem_words=65536)).code)
+    if code > config.imem_words:
+        raise FitError(f"the weight-streaming PE program needs {code} instruction words but imem_words is "
+                       f"{config.imem_words}")
+    program = training_program(config)
+    mem = _Memory(program.data_end)
+    feats = [layers[0].k] + [layer.o for layer in layers]
+    per_row = [max(_local(n, H, i) for i in range(H)) for n in feats]
+    for l, n in enumerate(per_row):
+        owner = "the model input" if l == 0 else f"the activations of layer {layers[l - 1].name}"
+        mem.take(f"act{l}", n * tmax, owner)
+        if l < len(layers):
+            mem.take(f"act{l}tm", n * tmax, owner)
+        if l > 0:
+            mem.take(f"grad{l}", n * tmax, owner)
+    classes = layers[-1].o
+    block = max(per_row[1:]) * tmax
+    scratch = "scratch buffers"
+    mem.take("acc", tmax, scratch)
+    mem.take("tmp", max(per_row) * tmax, scratch)
+    mem.take("g", max(per_row[:-1]) + 1, scratch)
+    mem.take("buf0", block, scratch)
+    mem.take("buf1", block, scratch)
+    n_soft = classes * tmax
+    loss = f"the loss over {classes} classes"
+    for name in ("zall", "nb", "fb", "rb"):
+        mem.take(name, n_soft, loss)
+    for name in ("m", "s", "inv", "stmp", "scale"):
+        mem.take(name, tmax, loss)
+    mem.take("onehot", per_row[-1] * tmax, loss)
+    _check_memory(mem, config, graph, batch, program)
+    ctx = ws_phases.Context(config, program, layers, relu_input, tokens, mem, H, columns)
+    phases, sequences = ws_phases.build(ctx)
+    _check_memory(mem, config, graph, batch, program)
+    return Plan(config, batch, graph, layers, relu_input, columns, tokens, dict(mem.regions), phases, sequences,
+                _routes(config, columns), ws_phases.transfers(ctx))
+
+
+def _check_memory(mem: _Memory, config: FabricConfig, graph: Graph, batch: int, program) -> None:
+    if mem.next > config.sram_words:
+        detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
+        raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE on a {config.mesh} "
+                       f"mesh ({detail}, program data {program.data_end}) but sram_words is "
+                       f"{config.sram_words}")
+
+
+def _routes(config: FabricConfig, columns: int) -> list:
+    W, H = config.width, config.height
+    routes = []
+    for i in range(H):
+        routes += multicast_routes(row_cells(i, W)[:columns], Port.E, C_W, from_edge=True)
+        routes += chain_routes(row_cells(i, W)[:columns], Port.E, EAST, from_edge=False, to_edge=True)
+        leaving = EAST[columns % 2]
+        routes += [(x, i, leaving, Port.W, (Port.E,)) for x in range(columns, W)]
+    if H > 1:
+        for j in range(columns):
+            for i in range(H):
+                c_in, c_out = ring_colors(i, H)
+                if i > 0:
+                    routes.append((j, i, c_in, Port.N, (Port.RAMP,)))
+                if i < H - 1:
+                    routes.append((j, i, c_out, Port.RAMP, (Port.S,)))
+                    if i > 0:
+                        routes.append((j, i, WRAP, Port.S, (Port.N,)))
+            routes.append((j, H - 1, WRAP, Port.RAMP, (Port.N,)))
+            routes.append((j, 0, WRAP, Port.S, (Port.RAMP,)))
+    return routes

@@ -1,0 +1,286 @@
+"""Phase builders of the weight-streaming mapping: per-PE op records, stream
+orders and the functional description of each phase (used by
+:func:`wse.host.compiler.weight_streaming.plan`).
+
+Naming: ``act{l}`` is the activation entering Linear layer ``l`` (``act0`` is
+the model input), ``grad{l}`` the gradient of the loss with respect to
+``act{l}`` (after the ReLU mask, when one follows layer ``l``), ``act{l}tm``
+the token-major copy of ``act{l}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from wse.config import FabricConfig
+from wse.firmware.image import Program
+from wse.firmware.training import C_W, records as rec
+
+from .weight_streaming import EAST, Phase, WSLayer, _local, ring_colors
+
+__all__ = ["Context", "build", "transfers", "sgemm_steps"]
+
+
+@dataclasses.dataclass
+class Context:
+    """What the builders share: the fabric, program, layers, tokens and memory."""
+    config: FabricConfig
+    program: Program
+    layers: list
+    relu_input: bool
+    tokens: list
+    mem: object
+    H: int
+    columns: int
+
+    def T(self, j: int) -> int:
+        """Tokens of column ``j`` (0 for columns without any)."""
+        return len(self.tokens[j]) if j < self.columns else 0
+
+    def addr(self, name: str) -> int:
+        return self.mem.regions[name][0]
+
+    @property
+    def zero(self) -> int:
+        return self.program.symbol("f_zero")
+
+
+def sgemm_steps(row: int, height: int, outputs: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(o, p)``: the outputs row ``row`` handles, in order, and its ring position for each.
+
+    Step ``p`` of round ``r`` handles output ``o = r*H + (row - 1 - p) mod H``
+    (steps with ``o >= outputs`` are skipped); the ring of ``o`` starts at
+    position 0 on row ``o mod H + 1`` and ends at position ``H - 1`` on row ``o mod H``.
+    """
+    rounds = -(-outputs // height)
+    p = np.tile(np.arange(height), rounds)
+    r = np.repeat(np.arange(rounds), height)
+    o = r * height + (row - 1 - p) % height
+    keep = o < outputs
+    return o[keep], p[keep]
+
+
+def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tuple[list, list, int]:
+    """Records and weight streams of one streamed GEMM (forward, or input
+    gradients with the weights transposed)."""
+    H, cfg = ctx.H, ctx.config
+    k_total, outputs = (layer.o, layer.k) if transposed else (layer.k, layer.o)
+    bias = layer.bias is not None and not transposed
+    records = [[None] * cfg.width for _ in range(H)]
+    streams = []
+    n_pool = layer.o * layer.k + (layer.o if bias else 0)
+    minus_zero = n_pool + 1
+    for i in range(H):
+        k = _local(k_total, H, i)
+        c_in, c_out = ring_colors(i, H)
+        rounds, o_last = divmod(outputs, H)
+        for j in range(cfg.width):
+            T = ctx.T(j)
+            if not T:
+                continue
+            xa, ya = ctx.addr(x), ctx.addr(y)
+            acc = rec.dsd_mem(ctx.zero, T, 0) if k == 0 else rec.dsd_mem(ctx.addr("acc"), T)
+            records[i][j] = rec.encode("sgemm", dict(
+                k=k, t=T, rounds=rounds, h=H, o_last=o_last, e0=(i - 1) % H, acc=acc,
+                zero=rec.dsd_mem(ctx.zero, T, 0), x0=rec.dsd_mem(xa, T), x1=rec.dsd_mem(xa + T, max(k - 1, 0) * T),
+                w=rec.dsd_fabin(C_W, max(k - 1, 0)), out=rec.dsd_fabout(c_out, T), inp=rec.dsd_fabin(c_in, T),
+                y=rec.dsd_mem(ya, T)))
+        o, p = sgemm_steps(i, H, outputs)
+        feats = np.arange(i, k_total, H)
+        if transposed:   # W[f, o] for the row's outputs f of the layer
+            idx = feats[None, :] * layer.k + o[:, None]
+        else:            # W[o, f]
+            idx = o[:, None] * layer.k + feats[None, :]
+        ctrl_idx = (layer.o * layer.k + o) if bias else np.full(len(o), minus_zero)
+        table = np.concatenate([idx, ctrl_idx[:, None]], axis=1)
+        keep = np.concatenate([np.ones((len(o), len(feats)), bool), (p == 0)[:, None]], axis=1)
+        flags = np.concatenate([np.zeros((len(o), len(feats)), np.uint8), np.ones((len(o), 1), np.uint8)], axis=1)
+        if len(table[keep]):
+            streams.append(dict(edge="W", index=i, color=C_W,
+                                tensors=[layer.weight] + ([layer.bias] if bias else []),
+                                gather=table[keep].astype(np.int64), ctrl=flags[keep]))
+    fmacs = outputs * k_total * sum(ctx.T(j) for j in range(cfg.width))
+    return records, streams, fmacs
+
+
+def _per_pe(ctx: Context, make) -> list:
+    """``[H][W]`` records from ``make(i, j, T)`` for PEs holding tokens."""
+    return [[make(i, j, ctx.T(j)) if ctx.T(j) else None for j in range(ctx.config.width)] for i in range(ctx.H)]
+
+
+def _relu(ctx: Context, region: str, features: int) -> list:
+    return _per_pe(ctx, lambda i, j, T: rec.encode("relu", dict(
+        data=rec.dsd_mem(ctx.addr(region), _local(features, ctx.H, i) * T))))
+
+
+def _transpose(ctx: Context, src: str, dst: str, features: int) -> list:
+    def make(i, j, T):
+        k = _local(features, ctx.H, i)
+        return rec.encode("transpose", dict(k=k, t=T, dst=rec.dsd_mem(ctx.addr(dst), k),
+                                            src=rec.dsd_mem(ctx.addr(src), k, T)))
+    return _per_pe(ctx, make)
+
+
+def _mask(ctx: Context, act: str, grad: str, features: int) -> list:
+    def make(i, j, T):
+        n = _local(features, ctx.H, i) * T
+        return rec.encode("mask", dict(act=rec.dsd_mem(ctx.addr(act), n), grad=rec.dsd_mem(ctx.addr(grad), n),
+                                       tmp=rec.dsd_mem(ctx.addr("tmp"), n)))
+    return _per_pe(ctx, make)
+
+
+def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
+    """Records and gradient streams of the weight gradients of layer ``l`` (1-based)."""
+    H, cfg = ctx.H, ctx.config
+    bias = layer.bias is not None
+    g = ctx.addr("g")
+    counts_of = [_local(layer.o, H, r) for r in range(H)]
+
+    def make(i, j, T):
+        kx = _local(layer.k, H, i)
+        c_in, c_out = ring_colors(i, H)
+        xt = ctx.addr(f"act{l - 1}tm")
+        ein = rec.dsd_fabin(EAST[j % 2]) if j else rec.dsd_mem(ctx.zero, 0, 0)
+        return rec.encode("wgrad", dict(
+            kx=kx, t=T, h=H, bias=int(bias), send_first=int(i % 2 == 0), own=ctx.addr(f"grad{l}"),
+            buf0=ctx.addr("buf0"), buf1=ctx.addr("buf1"), gk=g + kx, g=rec.dsd_mem(g, kx),
+            zero=rec.dsd_mem(ctx.zero, kx, 0), x0=rec.dsd_mem(xt, kx), x1=rec.dsd_mem(xt + kx, (T - 1) * kx),
+            dyr=rec.dsd_mem(0, T - 1), eout=rec.dsd_fabout(EAST[(j + 1) % 2]), ein=ein, dyo=rec.dsd_mem(0, T),
+            rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in), mem=rec.dsd_mem(0, 0)),
+            table=[counts_of[(i - s) % H] for s in range(H)])
+
+    records = _per_pe(ctx, make)
+    streams = []
+    n_weight = layer.o * layer.k
+    for i in range(H):
+        feats = np.arange(i, layer.k, H)
+        parts = []
+        for s in range(H):
+            r = (i - s) % H
+            outs = np.arange(r, layer.o, H)
+            part = outs[:, None] * layer.k + feats[None, :]
+            if bias and s == 0:
+                part = np.concatenate([part, (n_weight + outs)[:, None]], axis=1)
+            parts.append(part.ravel())
+        scatter = np.concatenate(parts).astype(np.int64)
+        if len(scatter):
+            streams.append(dict(edge="E", index=i, color=EAST[ctx.columns % 2],
+                                tensors=[layer.weight] + ([layer.bias] if bias else []), scatter=scatter))
+    fmacs = layer.o * layer.k * sum(ctx.T(j) for j in range(cfg.width))
+    return records, streams, fmacs
+
+
+def _softmax(ctx: Context, l: int) -> tuple[list, int]:
+    H = ctx.H
+    classes = ctx.layers[-1].o
+    counts_of = [_local(classes, H, r) for r in range(H)]
+    a = ctx.addr
+
+    def make(i, j, T):
+        c_in, c_out = ring_colors(i, H)
+        ci = counts_of[i]
+        n = classes * T
+        return rec.encode("softmax", dict(
+            c=classes, ci=ci, t=T, h=H, row=i, send_first=int(i % 2 == 0), own=a(f"act{l}"), buf0=a("buf0"),
+            buf1=a("buf1"), zall=a("zall"), ht=H * T, n=n, nb=a("nb"), fb=a("fb"), sb=a("s"), ib=a("inv"),
+            tmem=rec.dsd_mem(0, T), rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in), mem=rec.dsd_mem(0, 0),
+            m=rec.dsd_mem(a("m"), T), s=rec.dsd_mem(a("s"), T), inv=rec.dsd_mem(a("inv"), T),
+            tmp=rec.dsd_mem(a("stmp"), T), two=rec.dsd_mem(ctx.program.symbol("two"), T, 0),
+            zn=rec.dsd_mem(a("zall"), n), fn=rec.dsd_mem(a("fb"), n), rn=rec.dsd_mem(a("rb"), n),
+            onehot=rec.dsd_mem(a("onehot"), T), scale=rec.dsd_mem(a("scale"), T), dz=rec.dsd_mem(a(f"grad{l}"), T)),
+            table=[counts_of[(i - s) % H] for s in range(H)])
+
+    records = _per_pe(ctx, make)
+    fmacs = sum(2 * classes * ctx.T(j) for j in range(ctx.config.width) for i in range(H) if counts_of[i])
+    return records, fmacs
+
+
+def _merge(ctx: Context, *parts) -> list:
+    """Per-PE op lists: the records of ``parts`` (each ``[H][W]``) in order."""
+    return [[[part[i][j] for part in parts if part[i][j] is not None] for j in range(ctx.config.width)]
+            for i in range(ctx.H)]
+
+
+def build(ctx: Context) -> tuple[dict, dict]:
+    """Every phase of a training step and the phase sequences ``train`` and ``eval``."""
+    layers, L = ctx.layers, len(ctx.layers)
+    phases: dict[str, Phase] = {}
+
+    def add(name, group, parts, streams_in=(), streams_out=(), math=(), fmacs=0):
+        lists = _merge(ctx, *parts)
+        words = max(sum(len(r) for r in lst) for row in lists for lst in row) + rec.HEADER_WORDS
+        addr = ctx.mem.take(f"ops:{name}", words, "op lists")
+        phases[name] = Phase(name, group, addr, lists, list(streams_in), list(streams_out), list(math), fmacs)
+
+    for l, layer in enumerate(layers, start=1):
+        parts, math = [], []
+        if l == 1 and ctx.relu_input:
+            parts.append(_relu(ctx, "act0", layer.k))
+            parts.append(_transpose(ctx, "act0", "act0tm", layer.k))
+            math.append(dict(op="relu", data="act0"))
+        records, streams, fmacs = _sgemm(ctx, layer, False, f"act{l - 1}", f"act{l}")
+        parts.append(records)
+        math.append(dict(op="sgemm", weight=layer.weight, bias=layer.bias, x=f"act{l - 1}", y=f"act{l}",
+                         transposed=False))
+        if layer.relu:
+            parts.append(_relu(ctx, f"act{l}", layer.o))
+            math.append(dict(op="relu", data=f"act{l}"))
+        if l < L:
+            parts.append(_transpose(ctx, f"act{l}", f"act{l}tm", layer.o))
+        add(f"fwd {layer.name}", "forward", parts, streams, (), math, fmacs)
+    records, fmacs = _softmax(ctx, L)
+    parts, math = [records], [dict(op="softmax", z=f"act{L}", dz=f"grad{L}")]
+    if layers[-1].relu:
+        parts.append(_mask(ctx, f"act{L}", f"grad{L}", layers[-1].o))
+        math.append(dict(op="mask", act=f"act{L}", grad=f"grad{L}"))
+    add("loss", "loss", parts, math=math, fmacs=fmacs)
+    backward = []
+    for l in range(L, 0, -1):
+        layer = layers[l - 1]
+        if l > 1:
+            records, streams, fmacs = _sgemm(ctx, layer, True, f"grad{l}", f"grad{l - 1}")
+            parts = [records]
+            math = [dict(op="sgemm", weight=layer.weight, bias=None, x=f"grad{l}", y=f"grad{l - 1}", transposed=True)]
+            if layers[l - 2].relu:
+                parts.append(_mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k))
+                math.append(dict(op="mask", act=f"act{l - 1}", grad=f"grad{l - 1}"))
+            add(f"bwd-data {layer.name}", "backward-data", parts, streams, (), math, fmacs)
+            backward.append(f"bwd-data {layer.name}")
+        records, streams, fmacs = _wgrad(ctx, layer, l)
+        add(f"bwd-weight {layer.name}", "backward-weight", [records], (), streams,
+            [dict(op="wgrad", weight=layer.weight, bias=layer.bias, x=f"act{l - 1}", dy=f"grad{l}")], fmacs)
+        backward.append(f"bwd-weight {layer.name}")
+    forward = [f"fwd {layer.name}" for layer in layers]
+    return phases, {"train": forward + ["loss"] + backward, "eval": forward}
+
+
+def transfers(ctx: Context) -> dict:
+    """Host copies of a step: index maps ``[H, W, n]`` (-1: write 0 / ignore).
+
+    ``x`` indexes the flattened input ``[B, K]``, ``onehot`` and ``logits``
+    the ``[B, C]`` arrays, ``scale`` the ``[B]`` vector.
+    """
+    H, W = ctx.H, ctx.config.width
+    K, C = ctx.layers[0].k, ctx.layers[-1].o
+    L = len(ctx.layers)
+
+    def build_map(region: str, features: int, width: int, token_major: bool, per_token: bool = False):
+        addr, words = ctx.mem.regions[region]
+        index = np.full((H, W, words), -1, dtype=np.int64)
+        for i in range(H):
+            feats = np.arange(i, features, H)
+            for j in range(ctx.columns):
+                toks = np.asarray(ctx.tokens[j])
+                if per_token:
+                    index[i, j, :len(toks)] = toks
+                    continue
+                grid = toks[None, :] * width + feats[:, None]        # [feature][token]
+                flat = grid.T.ravel() if token_major else grid.ravel()
+                index[i, j, :flat.size] = flat
+        return addr, index
+
+    return {"x": build_map("act0", K, K, False), "xtm": build_map("act0tm", K, K, True),
+            "onehot": build_map("onehot", C, C, False), "scale": build_map("scale", 0, 0, False, True),
+            "logits": build_map(f"act{L}", C, C, False)}
