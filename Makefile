@@ -10,7 +10,7 @@ SIM    ?= verilator
 JOBS   ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: setup system-tools test test-all demo bench lint verilog synth clean
+.PHONY: setup system-tools train test test-all demo bench lint verilog synth clean
 
 setup: $(STAMP) system-tools
 
@@ -35,11 +35,16 @@ test: setup
 test-all: setup
 	$(PYTEST) -m ""
 
+# The main job: FC-MNIST trained on the simulated fabric (functional backend).
+train: setup
+	$(VENV)/bin/wse train examples/fc_mnist.py --backend functional --mesh 16x16 --batch 64 --epochs 5
+
 demo: setup
 	$(PY) examples/demo.py
 
 bench: setup
 	$(PY) bench/golden_speed.py
+	$(PY) bench/train_speed.py
 
 lint: setup
 	$(VENV)/bin/ruff check wse hdl firmware sim host tests bench examples

@@ -1,0 +1,29 @@
+"""The appliance: one command (``wse train``) or one call (:func:`train`) trains a model on the fabric.
+
+A user describes the model in a job file (``model(in_features, classes)``
+plus optional defaults; see :mod:`wse.host.appliance.job`) and says how to
+train it (:class:`TrainConfig`). The appliance compiles the model for weight
+streaming, keeps the weights and optimizer in MemoryX, streams every batch
+through the runtime, evaluates each epoch, and leaves a run folder with
+checkpoints (resumable bit for bit), TensorBoard scalars, a log and
+``summary.json``. :mod:`~wse.host.appliance.reference` trains the same run in
+plain PyTorch for comparison.
+
+Example::
+
+    from wse.host.appliance import TrainConfig, train
+    summary = train(TrainConfig("examples/fc_mnist.py", mesh="16x16", batch=64, epochs=5, out="runs/x"))
+    print(summary.test_accuracy, summary.cycles_per_step)
+"""
+
+from .job import DATASETS, Job, load_dataset, load_job
+from .options import Settings, TrainConfig, resolve_settings
+from .reference import ReferenceRun, ReferenceTrainer, run_reference
+from .training import SUMMARY_NAME, Prepared, RunSummary, evaluate, load_run, prepare, run, train
+
+__all__ = [
+    "train", "TrainConfig", "RunSummary", "prepare", "run", "Prepared", "Settings", "resolve_settings",
+    "evaluate", "load_run", "SUMMARY_NAME",
+    "Job", "load_job", "load_dataset", "DATASETS",
+    "ReferenceTrainer", "ReferenceRun", "run_reference",
+]

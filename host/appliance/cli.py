@@ -1,0 +1,114 @@
+"""``wse train``: train a model described by a job file on the fabric.
+
+Usage::
+
+    wse train examples/fc_mnist.py --backend functional --mesh 16x16 --batch 64 --epochs 5 --out runs/x
+
+Every mistake (bad option, bad job file, unsupported model, model that does
+not fit, a run folder that holds another run) is reported as one message on
+stderr with exit code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wse.config import UsageError
+
+from .job import DATASETS
+from .options import DEFAULT_BACKEND, DEFAULT_MESH, PROGRESS_MODES, TrainConfig
+from .training import train
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = """\
+The job file defines model(in_features, classes) -> torch.nn.Module and, optionally,
+DATASET ("mnist" or "digits"), OPTIMIZER (e.g. {"name": "sgd", "lr": 0.05, "momentum": 0.9}),
+BATCH and EPOCHS as defaults for the options above. See examples/fc_mnist.py.
+
+The run folder receives summary.json, train.log, fabric.txt (layout and schedule), executable.npz
+(the compiled model), tensorboard/ and checkpoints/.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`UsageError` (one line, exit 2) rather than usage dumps."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``wse train`` argument parser."""
+    parser = _Parser(prog="wse train", description="Train a PyTorch model on the fabric (weight streaming).",
+                     epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("example", metavar="FILE.py", help="the job file (defines model())")
+    run = parser.add_argument_group("run")
+    run.add_argument("--out", metavar="DIR", help="run folder (default: runs/<job name>, or runs/<job name>-N "
+                                                  "if that one is taken)")
+    run.add_argument("--backend", help=f"runtime backend: functional or golden (default {DEFAULT_BACKEND})")
+    run.add_argument("--mesh", metavar="WxH", help=f"fabric mesh (default {DEFAULT_MESH})")
+    run.add_argument("--systems", type=int, default=1, metavar="N",
+                     help="systems to train on; only 1 is available until SwarmX (default 1)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    run.add_argument("--overwrite", action="store_true", help="replace the run that --out holds")
+    data = parser.add_argument_group("data and schedule")
+    data.add_argument("--dataset", choices=list(DATASETS), help="data set (default: the job file's, else mnist)")
+    data.add_argument("--mnist-dir", metavar="DIR", help="folder of MNIST IDX files (default: the bundled subset)")
+    data.add_argument("--batch", type=int, metavar="N", help="mini-batch size (default: job file's, else 64)")
+    data.add_argument("--epochs", type=int, metavar="N", help="passes over the training split "
+                                                             "(default: job file's, else 1)")
+    data.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps in all")
+    data.add_argument("--seed", type=int, metavar="N", help="initial weights and data order (default 0)")
+    optim = parser.add_argument_group("optimizer (MemoryX)")
+    optim.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="default: the job file's, else sgd")
+    optim.add_argument("--lr", type=float, help="learning rate")
+    optim.add_argument("--momentum", type=float, help="SGD momentum")
+    optim.add_argument("--weight-decay", type=float, help="weight decay (PyTorch meaning per optimizer)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                     help="also checkpoint every N steps (default: at each epoch's end and the run's end)")
+    out.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default 2)")
+    out.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                     help="progress bar, log lines, or nothing (default: a bar on a terminal, else lines)")
+    out.add_argument("--log-every", type=int, metavar="N", help="steps between log lines (default: 10 per epoch)")
+    out.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                     help="do not write TensorBoard event files")
+    out.add_argument("--no-train-eval", dest="eval_train", action="store_false",
+                     help="skip evaluating the final weights on the whole training split")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` that parsed ``wse train`` arguments describe."""
+    return TrainConfig(
+        example=args.example, out=args.out, backend=args.backend, mesh=args.mesh, batch=args.batch,
+        epochs=args.epochs, max_steps=args.max_steps, optimizer=args.optimizer, lr=args.lr,
+        momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed, dataset=args.dataset,
+        mnist_dir=args.mnist_dir, resume=args.resume, overwrite=args.overwrite, systems=args.systems,
+        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+        progress=args.progress, log_every=args.log_every, tensorboard=args.tensorboard, eval_train=args.eval_train)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``wse train`` with ``argv`` (default ``sys.argv[2:]``); return the exit code.
+
+    Prints the run's results at the end. A :class:`UsageError` is printed as
+    ``wse train: <message>`` on stderr and gives exit code 2.
+    """
+    argv = list(sys.argv[2:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:              # --help
+        return int(exc.code or 0)
+    except UsageError as exc:
+        print(f"wse train: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = train(config_from_args(args))
+    except UsageError as exc:
+        print(f"wse train: {exc}", file=sys.stderr)
+        return 2
+    print(summary.describe())
+    return 0

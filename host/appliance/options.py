@@ -1,0 +1,262 @@
+"""What a training run is asked to do (:class:`TrainConfig`) and what it resolves to (:class:`Settings`).
+
+A :class:`TrainConfig` holds the user's choices, with ``None`` for "not
+given". :func:`resolve_settings` fills the gaps from the job file, then from
+built-in defaults, and checks everything; a resumed run starts from the
+settings recorded in its checkpoint instead, and refuses choices that would
+change what the run computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from wse.config import UsageError, parse_mesh
+from wse.host.memoryx import OptimizerConfig
+
+from .job import DATASETS, Job
+
+__all__ = ["TrainConfig", "Settings", "resolve_settings", "PROGRESS_MODES", "DEFAULT_MESH", "DEFAULT_BACKEND"]
+
+DEFAULT_MESH = "16x16"
+DEFAULT_BACKEND = "functional"
+#: How progress is shown: a tqdm bar, log lines, nothing, or a bar on a terminal and lines elsewhere.
+PROGRESS_MODES = ("auto", "bar", "lines", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A training run as asked for; ``None`` means "not given".
+
+    Parameters
+    ----------
+    example : path
+        The job file (see :mod:`wse.host.appliance.job`).
+    out : path, optional
+        The run folder. Default: ``runs/<job file stem>``, or the first free
+        ``runs/<stem>-N`` when that one already holds a run (and ``resume``
+        is off).
+    backend : str, optional
+        Runtime backend: ``"functional"`` (default) or ``"golden"``.
+    mesh : str, optional
+        Fabric mesh ``"WxH"``; default ``"16x16"``.
+    batch, epochs : int, optional
+        Mini-batch size and passes over the training split; default from the
+        job file (64 and 1 if it sets none).
+    max_steps : int, optional
+        Stop after this many optimizer steps in total (counting steps done
+        before a resume), even within an epoch.
+    optimizer : {"sgd", "adam", "adamw"}, optional
+        Overrides the job file's optimizer; its hyper-parameters then start
+        from PyTorch's defaults.
+    lr, momentum, weight_decay : float, optional
+        Optimizer hyper-parameters (PyTorch meaning).
+    seed : int, optional
+        Seeds the initial weights and the data order; default 0.
+    dataset : {"mnist", "digits"}, optional
+        Default from the job file.
+    mnist_dir : path, optional
+        A folder of MNIST IDX files instead of the bundled subset.
+    resume : bool
+        Continue the run in ``out`` from its latest checkpoint. The result is
+        bit for bit the run that was never stopped (same backend).
+    overwrite : bool
+        Replace the run that ``out`` already holds.
+    systems : int
+        Number of systems; only 1 is available (data-parallel SwarmX runs are
+        not supported yet).
+    checkpoint_every : int
+        Also checkpoint every this many steps; 0 (default): at the end of each
+        epoch and of the run only.
+    keep_checkpoints : int
+        Checkpoints kept in the run folder (the newest ones); default 2.
+    progress : {"auto", "bar", "lines", "none"}
+        ``auto``: a progress bar on a terminal, log lines otherwise.
+    log_every : int, optional
+        Steps between log lines; default about ten lines per epoch.
+    tensorboard : bool
+        Write TensorBoard event files under ``out/tensorboard``.
+    eval_train : bool
+        Evaluate the final weights on the whole training split too (one
+        forward pass over it; turn off for slow backends).
+    """
+
+    example: str | os.PathLike
+    out: str | os.PathLike | None = None
+    backend: str | None = None
+    mesh: str | None = None
+    batch: int | None = None
+    epochs: int | None = None
+    max_steps: int | None = None
+    optimizer: str | None = None
+    lr: float | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    seed: int | None = None
+    dataset: str | None = None
+    mnist_dir: str | os.PathLike | None = None
+    resume: bool = False
+    overwrite: bool = False
+    systems: int = 1
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    progress: str = "auto"
+    log_every: int | None = None
+    tensorboard: bool = True
+    eval_train: bool = True
+
+    def check(self) -> None:
+        """Check each field on its own; raises :class:`UsageError` naming the option."""
+        def integer(name: str, value: Any, low: int) -> None:
+            if value is None and name not in ("systems", "checkpoint_every", "keep_checkpoints"):
+                return
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+                kind = "a positive" if low == 1 else "a non-negative"
+                raise UsageError(f"--{name.replace('_', '-')} must be {kind} integer, not {value!r}")
+
+        if not isinstance(self.example, (str, os.PathLike)):
+            raise UsageError(f"example must be the path of a job file, not {self.example!r}")
+        for name in ("batch", "epochs", "max_steps", "log_every", "keep_checkpoints"):
+            integer(name, getattr(self, name), 1)
+        for name in ("seed", "checkpoint_every"):
+            integer(name, getattr(self, name), 0)
+        integer("systems", self.systems, 1)
+        if self.systems != 1:
+            raise UsageError(f"--systems must be 1, not {self.systems}: training on several systems needs "
+                             "SwarmX, which is not available yet")
+        for name in ("lr", "momentum", "weight_decay"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                                      or not math.isfinite(value) or value < 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be a finite non-negative number, not {value!r}")
+        if self.dataset is not None and self.dataset not in DATASETS:
+            raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}, not {self.dataset!r}")
+        if self.mesh is not None:
+            parse_mesh(self.mesh)
+        if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
+            raise UsageError(f"--backend must be a backend name such as functional or golden, not {self.backend!r}")
+        if self.progress not in PROGRESS_MODES:
+            raise UsageError(f"progress must be one of {', '.join(PROGRESS_MODES)}, not {self.progress!r}")
+        if self.resume and self.overwrite:
+            raise UsageError("--resume and --overwrite exclude each other: continue the run or replace it")
+        if self.mnist_dir is not None and not Path(self.mnist_dir).is_dir():
+            raise UsageError(f"--mnist-dir {str(self.mnist_dir)!r} must be a folder of MNIST IDX files")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that decides what a run computes, resolved and checked (JSON-ready via :meth:`to_dict`).
+
+    Members
+    -------
+    example, example_sha256 : str
+        The job file's absolute path and hash.
+    dataset : str
+    mnist_dir : str or None
+    backend : str
+    mesh : str
+        ``"WxH"``.
+    batch, epochs, seed, systems : int
+    max_steps : int or None
+    optimizer : dict
+        :meth:`OptimizerConfig.to_dict` form.
+    """
+
+    example: str
+    example_sha256: str
+    dataset: str
+    mnist_dir: str | None
+    backend: str
+    mesh: str
+    batch: int
+    epochs: int
+    max_steps: int | None
+    optimizer: dict
+    seed: int
+    systems: int
+
+    #: Fields a resumed run may change: they do not alter any step already taken.
+    CHANGEABLE = ("example", "example_sha256", "backend", "epochs", "max_steps")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Settings":
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, Mapping) or set(data) != names:
+            raise UsageError(f"run settings must have the keys {sorted(names)}, not {data!r}")
+        return cls(**data)
+
+    @property
+    def optimizer_config(self) -> OptimizerConfig:
+        return OptimizerConfig.from_dict(self.optimizer)
+
+    @property
+    def mesh_shape(self) -> tuple[int, int]:
+        return parse_mesh(self.mesh)
+
+
+def _optimizer(base: Mapping[str, Any], config: TrainConfig) -> OptimizerConfig:
+    """``base`` (a job file's ``OPTIMIZER`` or an ``OptimizerConfig.to_dict()``) with the config's choices applied."""
+    if isinstance(base.get("hyper"), Mapping):
+        recorded = OptimizerConfig.from_dict(base)
+        name, hyper = recorded.name, dict(recorded.hyper)
+    else:
+        name, hyper = str(base["name"]).lower(), {k: v for k, v in base.items() if k != "name"}
+    if config.optimizer is not None and config.optimizer.lower() != name:
+        name, hyper = config.optimizer, {}
+    for key in ("lr", "momentum", "weight_decay"):
+        value = getattr(config, key)
+        if value is not None:
+            hyper[key] = float(value)
+    return OptimizerConfig(name, **hyper)
+
+
+def resolve_settings(config: TrainConfig, job: Job, saved: Settings | None = None) -> Settings:
+    """The settings of a run: ``config`` over the job file's defaults, or over ``saved`` when resuming.
+
+    Raises
+    ------
+    UsageError
+        For a bad option, or (resuming) an option that differs from the
+        recorded run in a field outside :attr:`Settings.CHANGEABLE`; the
+        message names the option and both values.
+    """
+    config.check()
+    mnist_dir = str(Path(config.mnist_dir).resolve()) if config.mnist_dir is not None else None
+    if saved is None:
+        return Settings(
+            example=str(job.path), example_sha256=job.sha256,
+            dataset=config.dataset or job.dataset, mnist_dir=mnist_dir,
+            backend=config.backend or DEFAULT_BACKEND,
+            mesh="x".join(map(str, parse_mesh(config.mesh or DEFAULT_MESH))),
+            batch=config.batch or job.batch, epochs=config.epochs or job.epochs,
+            max_steps=config.max_steps, optimizer=_optimizer(job.optimizer, config).to_dict(),
+            seed=0 if config.seed is None else int(config.seed), systems=config.systems)
+    given = {
+        "dataset": config.dataset, "mnist_dir": mnist_dir,
+        "mesh": "x".join(map(str, parse_mesh(config.mesh))) if config.mesh else None,
+        "batch": config.batch, "seed": config.seed, "systems": config.systems,
+        "optimizer": _optimizer(saved.optimizer, config).to_dict(),
+    }
+    for name, value in given.items():
+        if value is not None and value != getattr(saved, name):
+            raise UsageError(f"--{name.replace('_', '-')} {_show(value)} differs from the run being resumed "
+                             f"({_show(getattr(saved, name))}); a resumed run keeps the settings that "
+                             "decide its steps")
+    # max_steps is not inherited: resuming a run stopped by --max-steps goes on to its last epoch.
+    return dataclasses.replace(saved, example=str(job.path), example_sha256=job.sha256,
+                               backend=config.backend or saved.backend, epochs=config.epochs or saved.epochs,
+                               max_steps=config.max_steps)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping) and "name" in value and "hyper" in value:
+        return repr(OptimizerConfig.from_dict(value))
+    return repr(value)
