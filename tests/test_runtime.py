@@ -252,3 +252,65 @@ def test_fc_mnist_golden_step_equals_functional():
     assert np.array_equal(bits(golden.logits), bits(functional.logits))
     for name in weights:
         assert np.array_equal(bits(golden.grads[name]), bits(functional.grads[name])), name
+
+
+def test_train_shard_partials_are_the_row_chain_cut_anywhere(mlp_bias):
+    """Per-column partial sums: folded, the step's gradients; any run of columns gives the same rows."""
+    from wse.host.swarmx import column_shards, fold_partials, token_blocks
+    model, exe = mlp_bias
+    runtime = Runtime(exe, "functional")
+    weights = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    blocks = token_blocks(exe)
+    (x, y), = batches(11, 1, 8, 22, 7)
+    for n in (8, 5):
+        step = runtime.train_step(x[:n], y[:n], weights)
+        whole = runtime.train_shard(x[:n], y[:n], weights, n=n, columns=range(len(blocks)))
+        assert whole.cycles == step.cycles == exe.cycles("train")
+        assert np.array_equal(bits(whole.logits), bits(step.logits))
+        for name, grad in step.grads.items():
+            assert whole.grad_partials[name].shape == (len(blocks), *grad.shape)
+            assert np.array_equal(bits(fold_partials(whole.grad_partials[name])), bits(grad))
+        for systems in (2, 3):
+            logits, partials = [], {name: [] for name in step.grads}
+            for columns in column_shards(len(blocks), systems):
+                tokens = range(blocks[columns.start].start, min(blocks[columns.stop - 1].stop, n))
+                part = runtime.train_shard(x[tokens.start:tokens.stop], y[tokens.start:tokens.stop], weights,
+                                           n=n, columns=columns)
+                logits.append(part.logits)
+                for name in partials:
+                    partials[name].append(part.grad_partials[name])
+            assert np.array_equal(bits(np.concatenate(logits)), bits(step.logits))
+            for name, stacks in partials.items():
+                assert np.array_equal(bits(np.concatenate(stacks)), bits(whole.grad_partials[name]))
+    # A column's partial really is its own tokens' sum: changing one sample changes only its column.
+    other = x.copy()
+    other[blocks[-1].start] += np.float32(1.0)
+    a = runtime.train_shard(x, y, weights, n=8, columns=range(len(blocks)))
+    b = runtime.train_shard(other, y, weights, n=8, columns=range(len(blocks)))
+    changed = (bits(a.grad_partials["0.weight"]) != bits(b.grad_partials["0.weight"])).any(axis=(1, 2))
+    assert changed.tolist() == [j == len(blocks) - 1 for j in range(len(blocks))]
+
+
+def test_train_shard_inputs_and_backends_are_checked(mlp_bias):
+    from wse.host.swarmx import token_blocks
+    model, exe = mlp_bias
+    weights = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    blocks = token_blocks(exe)
+    runtime = Runtime(exe, "functional")
+    x, y = np.zeros((8, 22), np.float32), np.zeros(8, np.int64)
+    empty = runtime.train_shard(x[:0], y[:0], weights, n=3, columns=range(1, 1))
+    assert empty.logits.shape == (0, 7) and empty.cycles == 0
+    assert empty.grad_partials["0.weight"].shape == (0, 13, 22)
+    tail = runtime.train_shard(x[:0], y[:0], weights, n=blocks[-1].start, columns=range(len(blocks) - 1, len(blocks)))
+    assert tail.logits.shape == (0, 7) and not bits(tail.grad_partials["2.bias"]).any()
+    first = len(blocks[0])
+    with pytest.raises(UsageError, match=rf"x must be float32 of shape \[{first}, 22\]"):
+        runtime.train_shard(x[:first - 1], y[:first - 1], weights, n=8, columns=range(0, 1))
+    with pytest.raises(UsageError, match="columns must be a range"):
+        runtime.train_shard(x, y, weights, n=8, columns=range(0, len(blocks) + 1))
+    with pytest.raises(UsageError, match="n must be the global batch's sample count"):
+        runtime.train_shard(x, y, weights, n=9, columns=range(len(blocks)))
+    with pytest.raises(UsageError, match="labels y must be in 0..6"):
+        runtime.train_shard(x, np.full(8, 7), weights, n=8, columns=range(len(blocks)))
+    with pytest.raises(UsageError, match="train_shard is provided by the functional backend"):
+        Runtime(exe, "golden").train_shard(x, y, weights, n=8, columns=range(len(blocks)))

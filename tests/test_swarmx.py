@@ -372,8 +372,6 @@ def test_the_reference_system_keeps_the_hook_contract():
 def test_the_runtime_hook_when_the_runtime_provides_it():
     """The same equality with the real runtime (functional backend), once it implements ``train_shard``."""
     from wse.host.runtime import Runtime
-    if not hasattr(Runtime, "train_shard"):
-        pytest.skip("wse.host.runtime.Runtime has no train_shard hook yet (docs/swarmx.md, section 3)")
     import torch
     from torch import nn
 

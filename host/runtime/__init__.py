@@ -16,6 +16,10 @@ Backends (:data:`BACKENDS`) are small classes with a few hooks:
 Batches smaller than the executable's batch (the last batch of an epoch) are
 padded with zeros; the padded samples get a zero loss delta, so they change
 no gradient, and are left out of the loss, the count and the logits.
+
+:meth:`Runtime.train_shard` is the SwarmX hook (``docs/swarmx.md`` section 3):
+one system's share of a data-parallel step, a run of the executable's token
+columns, with the per-column weight-gradient sums the row chain would add.
 """
 
 from __future__ import annotations
@@ -157,6 +161,40 @@ class Runtime:
             scale[:n] = np.float32(1.0) / np.float32(n)
         return HostData(xb, onehot, scale, n)
 
+    def _shard_host(self, x, y, n: int, columns: range) -> tuple[HostData, np.ndarray, np.ndarray]:
+        """The tokens of ``columns`` as host data (loss deltas scaled by ``1/n``) and
+        each column's first token and token count among them."""
+        exe = self.executable
+        starts = np.asarray(exe.layout["token_start"], dtype=np.int64)
+        counts = np.asarray(exe.layout["tokens"], dtype=np.int64)
+        width = len(counts)
+        if not isinstance(columns, range) or columns.step != 1 or not 0 <= columns.start <= columns.stop <= width:
+            raise UsageError(f"columns must be a range of step 1 within 0..{width} (the executable's token "
+                             f"columns), not {columns!r}")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= exe.batch:
+            raise UsageError(f"n must be the global batch's sample count, an integer in 1..{exe.batch}, not {n!r}")
+        first = int(starts[columns.start]) if len(columns) else 0
+        starts, counts = starts[columns.start:columns.stop] - first, counts[columns.start:columns.stop]
+        tokens = int(counts.sum())
+        real = max(0, min(tokens, int(n) - first))
+        shape = tuple(exe.graph.input.shape)
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype != np.float32 or tuple(x.shape) != (real, *shape):
+            raise UsageError(f"x must be float32 of shape {[real, *shape]} (the real samples among the tokens "
+                             f"of columns {columns.start}..{columns.stop - 1}), not {x.dtype} of shape "
+                             f"{list(x.shape)}")
+        if y.dtype != np.int64 or y.shape != (real,):
+            raise UsageError(f"y must be int64 of shape [{real}], not {y.dtype} of shape {list(y.shape)}")
+        if y.size and (y.min() < 0 or y.max() >= self._classes):
+            raise UsageError(f"labels y must be in 0..{self._classes - 1}, found {int(y.min())}..{int(y.max())}")
+        xb = np.zeros((tokens, self._features), dtype=np.float32)
+        xb[:real] = x.reshape(real, self._features)
+        onehot = np.zeros((tokens, self._classes), dtype=np.float32)
+        onehot[np.arange(real), y] = 1.0
+        scale = np.zeros(tokens, dtype=np.float32)
+        scale[:real] = np.float32(1.0) / np.float32(n)
+        return HostData(xb, onehot, scale, real), starts, counts
+
     # -- the API ----------------------------------------------------------
     def train_step(self, x, y, weights: Mapping) -> StepResult:
         """One forward and backward pass of the batch ``(x, y)`` with ``weights``.
@@ -199,6 +237,56 @@ class Runtime:
         util = fmacs / (exe.config.num_pes * cycles) if cycles else 0.0
         return StepResult(loss=loss, correct=correct, logits=logits, grads=out.grads,
                           cycles=int(sum(out.cycles.values())), fmac_utilization=float(util), phases=dict(out.cycles))
+
+    def train_shard(self, x, y, weights: Mapping, *, n: int, columns: range):
+        """One system's share of a data-parallel step: the tokens of ``columns`` (the SwarmX hook).
+
+        Parameters
+        ----------
+        x:
+            float32 ``[m, *input_shape]``: the real samples among the tokens of
+            ``columns``, in order, ``m = clamp(n - first token, 0, tokens)``
+            (the rest of the columns' tokens are padding).
+        y:
+            int64 labels ``[m]``.
+        weights:
+            float32 arrays (or tensors) by PyTorch name.
+        n:
+            Real samples of the whole global batch, ``1 <= n <= batch``: every
+            real token's loss delta is scaled by ``float32(1) / float32(n)``,
+            padding's by 0.
+        columns:
+            A ``range`` (step 1) of the executable's token columns
+            (``layout["tokens"]``), possibly empty.
+
+        Returns
+        -------
+        wse.host.swarmx.ShardResult
+            ``logits`` float32 ``[m, classes]``; ``grad_partials[name]`` float32
+            ``[len(columns), *shape]``, row ``i`` the partial gradient sum of
+            column ``columns.start + i`` over its tokens in the fabric's order,
+            before the row chain adds the columns; ``cycles``: the fabric
+            cycles of the step, ``executable.cycles("train")`` (a system runs
+            the compiled program on every column whatever its share, and the
+            static cycle model does not depend on data), 0 for no columns.
+            For ``columns = range(C)`` and ``n = len(x)``,
+            ``wse.host.swarmx.fold_partials`` of each ``grad_partials[name]``
+            is :meth:`train_step`'s ``grads[name]`` bit for bit and the
+            logits are its logits.
+
+        Raises
+        ------
+        UsageError
+            For inputs of the wrong type, dtype, shape or range, missing
+            weights, or a backend other than ``functional``.
+        """
+        from wse.host.swarmx.data_parallel import ShardResult
+        exe = self.executable
+        host, starts, counts = self._shard_host(x, y, n, columns)
+        weights = self._check_weights(weights)
+        out = self.backend.run_shard(host, weights, starts, counts)
+        cycles = exe.cycles("train") if len(columns) else 0
+        return ShardResult(np.ascontiguousarray(out.logits[:host.n]), dict(out.grads), int(cycles))
 
     def forward(self, x, weights: Mapping) -> np.ndarray:
         """Logits ``float32 [n, classes]`` of ``x`` (evaluation: forward phases only)."""

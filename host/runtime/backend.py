@@ -8,6 +8,8 @@ from typing import Mapping
 
 import numpy as np
 
+from wse.config import UsageError
+
 __all__ = ["Backend", "HostData", "RunResult", "pool_of"]
 
 
@@ -69,3 +71,19 @@ class Backend(abc.ABC):
     def run(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray]) -> RunResult:
         """Run the phases of ``sequence`` (``"train"`` or ``"eval"``) on ``host``
         data with ``weights`` (float32 by parameter name)."""
+
+    def run_shard(self, host: HostData, weights: Mapping[str, np.ndarray], starts: np.ndarray,
+                  counts: np.ndarray) -> RunResult:
+        """The training sequence on the tokens of a run of columns, with per-column gradients.
+
+        ``host`` holds the tokens of the columns (``starts``/``counts``: each
+        column's first token and token count within them); ``grads[name]`` of
+        the result is float32 ``[columns, *shape]``: each column's partial sum
+        before the row chain adds the columns (``docs/swarmx.md`` section 3).
+
+        Raises
+        ------
+        UsageError
+            On backends that cannot run part of a step (all but ``functional``).
+        """
+        raise UsageError(f"train_shard is provided by the functional backend, not the {self.name} backend")

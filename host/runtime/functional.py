@@ -11,6 +11,12 @@ against :mod:`wse.firmware.training.numerics`). Inputs are flushed to zero
 where subnormal, as the fabric's operand flushing does. The cycles of each
 phase are the executable's (the static cycle model, equal to the golden
 model's).
+
+:meth:`FunctionalBackend.run_shard` runs the training phases on the tokens
+of a run of columns only and returns each column's weight-gradient partial
+sum (:func:`.kernels.wgrad_partials`) instead of the row chain's total: a
+system's share of a SwarmX data-parallel step. Every other operation treats
+tokens independently, so the shard's activations equal the whole step's.
 """
 
 from __future__ import annotations
@@ -49,7 +55,20 @@ class FunctionalBackend(Backend):
         self.counts = np.asarray(layout["tokens"], dtype=np.int64)
 
     def run(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray]) -> RunResult:
+        return self._execute(sequence, host, weights, self.starts, self.counts, partials=False)
+
+    def run_shard(self, host: HostData, weights: Mapping[str, np.ndarray], starts: np.ndarray,
+                  counts: np.ndarray) -> RunResult:
+        return self._execute("train", host, weights, np.asarray(starts, dtype=np.int64),
+                             np.asarray(counts, dtype=np.int64), partials=True)
+
+    def _execute(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray], starts: np.ndarray,
+                 counts: np.ndarray, *, partials: bool) -> RunResult:
+        """The phases of ``sequence`` on ``host``'s tokens, grouped into columns by
+        ``starts``/``counts``; with ``partials`` the weight gradients are the
+        per-column sums (``[columns, *shape]``) instead of their row chain."""
         exe = self.executable
+        shapes = exe.parameters()
         w = {name: _flushed(value) for name, value in weights.items()}
         acts = {"act0": np.ascontiguousarray(_flushed(host.x).T)}
         grads: dict[str, np.ndarray] = {}
@@ -70,8 +89,9 @@ class FunctionalBackend(Backend):
                 elif kind == "softmax":
                     acts[op["dz"]] = kernels.softmax_delta(acts[op["z"]], onehot, scale)
                 elif kind == "wgrad":
-                    dw, db = kernels.wgrad(acts[op["dy"]], acts[op["x"]], self.starts, self.counts)
-                    grads[op["weight"]] = dw
+                    gradient = kernels.wgrad_partials if partials else kernels.wgrad
+                    dw, db = gradient(acts[op["dy"]], acts[op["x"]], starts, counts)
+                    grads[op["weight"]] = dw.reshape(dw.shape[:-2] + tuple(shapes[op["weight"]]))
                     if op["bias"]:
                         grads[op["bias"]] = db
                 else:

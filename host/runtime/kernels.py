@@ -19,7 +19,8 @@ Orders (``docs/weight_streaming.md``):
   and ``s = e + 1 mod H``.
 * :func:`wgrad`: per column ``j``, ``G = +0 + x dy + ...`` over its tokens in
   order; the row chain sums ``+0 + G_0 + G_1 + ...``; the bias the same way
-  from ``+0 + dy + dy + ...``.
+  from ``+0 + dy + dy + ...``. :func:`wgrad_partials` returns the ``G_j``
+  themselves, before the row chain (a system's share of a data-parallel step).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from numba import njit
 
 from wse.firmware.training import numerics as fw_numerics
 
-__all__ = ["sgemm", "sgemm_transposed", "wgrad", "softmax_delta", "relu", "relu_mask", "fast_is_exact",
+__all__ = ["sgemm", "sgemm_transposed", "wgrad", "wgrad_partials", "softmax_delta", "relu", "relu_mask", "fast_is_exact",
            "min_abs_nonzero", "canonical_nan"]
 
 _FLT_MIN = np.float32(1.1754943508222875e-38)
@@ -87,6 +88,23 @@ def _sgemm_t_k(w, dy, height, out, ftz):
             out[k, t] = y
 
 
+@njit(inline="always")
+def _column_partial(dy, xt, o, t0, count, g, ftz):
+    """Column partial of output ``o`` over tokens ``t0 .. t0+count-1``: ``g`` gets
+    ``+0 + x dy + ...`` (the weight row); returns the bias's ``+0 + dy + ...``."""
+    n_in = xt.shape[1]
+    d = dy[o, t0]
+    for k in range(n_in):
+        g[k] = _fl(_ZERO + _fl(xt[t0, k] * d, ftz), ftz)
+    b = _fl(_ZERO + d, ftz)
+    for t in range(t0 + 1, t0 + count):
+        d = dy[o, t]
+        for k in range(n_in):
+            g[k] = _fl(g[k] + _fl(xt[t, k] * d, ftz), ftz)
+        b = _fl(b + d, ftz)
+    return b
+
+
 @njit(fastmath=False, cache=True)
 def _wgrad_k(dy, xt, starts, counts, dw, db, ftz):
     n_out = dy.shape[0]
@@ -96,16 +114,7 @@ def _wgrad_k(dy, xt, starts, counts, dw, db, ftz):
     for o in range(n_out):
         tb = _ZERO
         for j in range(starts.shape[0]):
-            t0 = starts[j]
-            d = dy[o, t0]
-            for k in range(n_in):
-                g[k] = _fl(_ZERO + _fl(xt[t0, k] * d, ftz), ftz)
-            b = _fl(_ZERO + d, ftz)
-            for t in range(t0 + 1, t0 + counts[j]):
-                d = dy[o, t]
-                for k in range(n_in):
-                    g[k] = _fl(g[k] + _fl(xt[t, k] * d, ftz), ftz)
-                b = _fl(b + d, ftz)
+            b = _column_partial(dy, xt, o, starts[j], counts[j], g, ftz)
             if j == 0:
                 for k in range(n_in):
                     total[k] = _fl(_ZERO + g[k], ftz)
@@ -117,6 +126,14 @@ def _wgrad_k(dy, xt, starts, counts, dw, db, ftz):
         for k in range(n_in):
             dw[o, k] = total[k]
         db[o] = tb
+
+
+@njit(fastmath=False, cache=True)
+def _wgrad_partials_k(dy, xt, starts, counts, dw, db, ftz):
+    n_out = dy.shape[0]
+    for o in range(n_out):
+        for j in range(starts.shape[0]):
+            db[j, o] = _column_partial(dy, xt, o, starts[j], counts[j], dw[j, o], ftz)
 
 
 @njit(fastmath=False, cache=True)
@@ -174,6 +191,24 @@ def wgrad(dy: np.ndarray, x: np.ndarray, starts: np.ndarray, counts: np.ndarray)
     dw = np.empty((dy.shape[0], x.shape[0]), dtype=np.float32)
     db = np.empty(dy.shape[0], dtype=np.float32)
     _wgrad_k(dy, xt, starts.astype(np.int64), counts.astype(np.int64), dw, db, not exact)
+    return canonical_nan(dw), canonical_nan(db)
+
+
+def wgrad_partials(dy: np.ndarray, x: np.ndarray, starts: np.ndarray,
+                   counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column partial sums ``(G [C, O, K], g [C, O])`` of :func:`wgrad` before its row chain.
+
+    Row ``j`` is column ``j``'s ``+0 + x dy + ...`` over tokens ``starts[j] ..
+    starts[j] + counts[j] - 1`` in order (every count at least 1); :func:`wgrad`'s
+    result is ``+0 + G[0] + G[1] + ...`` with the fabric's add.
+    """
+    xt = np.ascontiguousarray(x.T)
+    exact = fast_is_exact(xt, dy) and min_abs_nonzero(dy) >= SAFE
+    columns = len(starts)
+    dw = np.empty((columns, dy.shape[0], x.shape[0]), dtype=np.float32)
+    db = np.empty((columns, dy.shape[0]), dtype=np.float32)
+    _wgrad_partials_k(dy, xt, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64), dw, db,
+                      not exact)
     return canonical_nan(dw), canonical_nan(db)
 
 
