@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from wse.atomic import atomic_open
 from wse.config import FabricConfig, UsageError
 
 __all__ = ["TaskEntry", "Symbol", "Program", "MAGIC", "VERSION"]
@@ -269,21 +268,9 @@ class Program:
     def save(self, path) -> None:
         """Write the binary image to ``path`` atomically: the file is either
         the complete new image or untouched."""
-        path = Path(path)
         blob = self.to_bytes()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(blob)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with atomic_open(path) as out:
+            out.write(blob)
 
     @classmethod
     def load(cls, path) -> "Program":

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
+from wse.atomic import atomic_open
 from wse.config import UsageError
 from wse.host.memoryx import MemoryX
 
@@ -56,12 +57,8 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file, sync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     _fsync_dir(path.parent)
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Mapping, Sequence
 
+from wse.atomic import atomic_open
 from wse.host.memoryx import OPTIMIZERS, OptimizerConfig
 
 if TYPE_CHECKING:
@@ -165,14 +166,9 @@ def loss_curve(losses: Sequence[float], steps_per_epoch: int, points: int = 50) 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclasses.dataclass(frozen=True)

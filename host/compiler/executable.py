@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from wse.atomic import atomic_open
 from wse.config import FabricConfig, UsageError
 from wse.firmware.image import Program
 
@@ -141,19 +140,8 @@ class Executable:
         }
         arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode("utf-8"), dtype=np.uint8)
         arrays["program"] = np.frombuffer(self.program.to_bytes(), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                np.savez_compressed(out, **arrays)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with atomic_open(path) as out:
+            np.savez_compressed(out, **arrays)
 
     @classmethod
     def load(cls, path) -> "Executable":
