@@ -10,7 +10,7 @@ SIM    ?= verilator
 JOBS   ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: setup system-tools train test test-all demo bench lint verilog synth clean
+.PHONY: setup system-tools train test test-all demo sim bench lint verilog synth clean
 
 setup: $(STAMP) system-tools
 
@@ -42,9 +42,15 @@ train: setup
 demo: setup
 	$(PY) examples/demo.py
 
+# The co-simulation regression: cocotb testbenches of the RTL against the golden model
+# (SIM=verilator|icarus, MESH=WxH, WAVES=1 writes FST waveforms), ending with a summary table.
+sim: setup
+	$(PY) -m wse.sim.cosim.regress --sim $(SIM) --mesh $(MESH) $(if $(filter 1,$(WAVES)),--waves)
+
 bench: setup
 	$(PY) bench/golden_speed.py
 	$(PY) bench/train_speed.py
+	$(PY) bench/sim_speed.py
 
 lint: setup
 	$(VENV)/bin/ruff check wse hdl firmware sim host tests bench examples

@@ -4,11 +4,13 @@
 
     wse kernel --list
     wse kernel NAME [--mesh WxH] [--seed S] [--rows R --cols C] [--n N]
-                    [--variant row|column] [--sram-words K] [--json]
+                    [--variant row|column] [--sram-words K] [--backend B] [--json]
 
 Prints a short summary, or with ``--json`` the report of
-:func:`wse.firmware.kernels.run_kernel` as one JSON object. Exit code 0 when
-the result is bit exact, 1 when it is not, 2 for a mistake in the arguments.
+:func:`wse.firmware.kernels.run_kernel` as one JSON object. On an RTL
+backend (``verilator``, ``icarus``) the report also has ``golden_cycles``,
+the golden model's cycles for the same run. Exit code 0 when the result is
+bit exact, 1 when it is not, 2 for a mistake in the arguments.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 
 from wse.config import FabricConfig, UsageError, parse_mesh
 
-from . import KERNELS, get_kernel, run_kernel
+from . import BACKENDS, KERNELS, get_kernel, run_kernel
 
 __all__ = ["main"]
 
@@ -41,6 +43,8 @@ def _parser() -> _Parser:
     parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce)")
     parser.add_argument("--variant", help="broadcast, reduce: row or column (default row)")
     parser.add_argument("--sram-words", type=int, help="PE data memory in words (default from the configuration)")
+    parser.add_argument("--backend", default="golden",
+                        help=f"device: {', '.join(BACKENDS)} (default golden)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return parser
 
@@ -48,10 +52,11 @@ def _parser() -> _Parser:
 def _summary(report: dict) -> str:
     kernel = KERNELS[report["kernel"]]
     verdict = "bit exact" if report["bit_exact"] else f"NOT bit exact ({report['mismatches']} of {report['words']} words differ)"
+    golden = f" (golden model {report['golden_cycles']})" if "golden_cycles" in report else ""
     return (f"{report['kernel']} {kernel.describe(report['sizes'])} on a {report['mesh']} mesh "
             f"({report['backend']}, seed {report['seed']}): {verdict}\n"
             f"  max |error| vs float64 {report['max_abs_err_vs_float64']:.3g}, "
-            f"{report['cycles']} cycles, fmac utilization {report['fmac_utilization']:.3f} "
+            f"{report['cycles']} cycles{golden}, fmac utilization {report['fmac_utilization']:.3f} "
             f"({report['seconds']:.2f} s)")
 
 
@@ -81,6 +86,10 @@ def main(argv: list[str]) -> int:
         takes = ", ".join(f"--{key}" for key in kernel.defaults)
         raise UsageError(f"{kernel.name} takes {takes}, not {wrong[0]}")
     sizes = {key: value for key, value in given.items() if value is not None}
-    report = run_kernel(kernel.name, config, args.seed, **sizes)
+    if args.backend not in BACKENDS:
+        raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {args.backend!r}")
+    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, **sizes)
+    if args.backend != "golden":
+        report["golden_cycles"] = run_kernel(kernel.name, config, args.seed, **sizes)["cycles"]
     print(json.dumps(report) if args.json else _summary(report))
     return 0 if report["bit_exact"] else 1

@@ -200,8 +200,20 @@ def read_per_pe(device, addr: np.ndarray, counts: np.ndarray) -> dict[tuple[int,
 
 # Devices -----------------------------------------------------------------------
 
-#: Backend name -> factory ``config -> device`` implementing the host API.
-BACKENDS: dict[str, Callable[[FabricConfig], object]] = {"golden": Fabric}
+def _rtl_backend(name: str) -> Callable[[FabricConfig], object]:
+    """A factory of the RTL backend ``name`` of :mod:`wse.sim.cosim`, imported on first use."""
+    def factory(config: FabricConfig):
+        from wse.sim.cosim import make_rtl_device
+        return make_rtl_device(name, config)
+    factory.__name__ = f"{name}_device"
+    return factory
+
+
+#: Backend name -> factory ``config -> device`` implementing the host API:
+#: the golden model, and the RTL through Verilator (C++ harness) or through
+#: cocotb on Icarus (:mod:`wse.sim.cosim`).
+BACKENDS: dict[str, Callable[[FabricConfig], object]] = {
+    "golden": Fabric, "verilator": _rtl_backend("verilator"), "icarus": _rtl_backend("icarus")}
 
 
 def make_device(config: FabricConfig, backend: str = "golden", device: Callable | None = None):

@@ -11,7 +11,9 @@ Backends (:data:`BACKENDS`) are small classes with a few hooks:
   bit-exact with the fabric, fast; its cycles come from the executable's
   static cycle model.
 * ``golden`` (:mod:`.golden`): the golden fabric model through the host API
-  (:mod:`.device` drives any such device, so RTL backends plug in the same way).
+  (:mod:`.device` drives any such device).
+* ``verilator``, ``icarus`` (:mod:`.rtl`): the same driver on the RTL mesh,
+  Verilator-compiled or under cocotb in Icarus (``docs/cosim.md``).
 
 Batches smaller than the executable's batch (the last batch of an epoch) are
 padded with zeros; the padded samples get a zero loss delta, so they change
@@ -37,7 +39,9 @@ __all__ = ["Runtime", "StepResult", "BACKENDS", "Backend", "register_backend"]
 
 #: Backend name -> class. The classes are imported on first use.
 BACKENDS: dict[str, str] = {"functional": "wse.host.runtime.functional:FunctionalBackend",
-                            "golden": "wse.host.runtime.golden:GoldenBackend"}
+                            "golden": "wse.host.runtime.golden:GoldenBackend",
+                            "verilator": "wse.host.runtime.rtl:VerilatorBackend",
+                            "icarus": "wse.host.runtime.rtl:IcarusBackend"}
 
 
 def register_backend(name: str, target: str | type) -> None:

@@ -16,20 +16,19 @@ from typing import Iterable
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, UsageError, ROUTE_INPUT_NONE
+from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE
 
 from .errors import FabricHang
+from .hostargs import HostArgs, Rect, stream_words
 from .pe import PE, compile_program
 
 __all__ = ["Fabric", "Rect"]
-
-Rect = tuple[int, int, int, int]  # x0, y0, width, height
 
 _EDGE_PORTS = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
 _T_ROUTER, _T_PE, _T_EDGE = 0, 1, 2
 
 
-class Fabric:
+class Fabric(HostArgs):
     """A ``config.width x config.height`` mesh.
 
     Parameters
@@ -69,17 +68,6 @@ class Fabric:
                 pe.trace = []
 
     # ------------------------------------------------------------------ host API
-    def _rect(self, rect: Rect | None) -> Rect:
-        if rect is None:
-            return (0, 0, self.width, self.height)
-        try:
-            x0, y0, w, h = (int(v) for v in rect)
-        except (TypeError, ValueError):
-            raise UsageError(f"rect must be (x0, y0, width, height), not {rect!r}") from None
-        if w < 1 or h < 1 or x0 < 0 or y0 < 0 or x0 + w > self.width or y0 + h > self.height:
-            raise UsageError(f"rect {rect!r} does not fit the {self.width}x{self.height} mesh")
-        return x0, y0, w, h
-
     def _pes_in(self, rect: Rect | None) -> Iterable[PE]:
         x0, y0, w, h = self._rect(rect)
         for y in range(y0, y0 + h):
@@ -88,21 +76,12 @@ class Fabric:
 
     def pe(self, x: int, y: int) -> PE:
         """The PE model at ``(x, y)``."""
-        if not (0 <= x < self.width and 0 <= y < self.height):
-            raise UsageError(f"PE ({x}, {y}) is outside the {self.width}x{self.height} mesh")
-        return self.pes[y * self.width + x]
+        return self.pes[self._tile(x, y)]
 
     def load(self, program, rect: Rect | None = None) -> None:
         """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``."""
         cfg = self.config
-        if len(program.code) > cfg.imem_words:
-            raise UsageError(f"program {program.source} has {len(program.code)} instructions but imem_words is {cfg.imem_words}")
-        for addr, words in program.data:
-            if addr + len(words) > cfg.sram_words:
-                raise UsageError(f"program {program.source} has data up to word {addr + len(words)} but sram_words is {cfg.sram_words}")
-        for task in program.tasks:
-            if task.id >= cfg.tasks or (task.data_color and task.id >= cfg.colors):
-                raise UsageError(f"program {program.source} uses task {task.id}, beyond tasks={cfg.tasks} / colors={cfg.colors}")
+        program.check_fits(cfg)
         key = id(program)
         cached = self._compiled_cache.get(key)
         if cached is None or cached[0] is not program:
@@ -115,8 +94,7 @@ class Fabric:
         """Route ``color`` at router ``(x, y)``: accepted from ``input`` (None: not
         routed), sent to every port in ``outputs``."""
         r = self.pe(x, y).index
-        if not 0 <= color < self.colors:
-            raise UsageError(f"color must be in 0..{self.colors - 1}, not {color!r}")
+        self._check_color(color)
         in_code = ROUTE_INPUT_NONE if input is None else int(Port(input))
         mask, targets = 0, []
         for port in outputs:
@@ -151,21 +129,9 @@ class Fabric:
     def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
         """Write ``array`` (shape ``[h, w, n]`` for ``rect``, float32 or uint32;
         ``[n]`` is sent to every PE) to words ``addr .. addr+n-1`` of each PE."""
-        x0, y0, w, h = self._rect(rect)
-        arr = np.asarray(array)
-        if arr.dtype == np.float32:
-            arr = arr.view(np.uint32)
-        elif arr.dtype != np.uint32:
-            if not np.issubdtype(arr.dtype, np.integer):
-                raise UsageError(f"memcpy_h2d data must be float32 or integer words, not {arr.dtype}")
-            arr = (arr.astype(np.int64) & 0xFFFFFFFF).astype(np.uint32)
-        if arr.ndim == 1:
-            arr = np.broadcast_to(arr, (h, w, arr.shape[0]))
-        if arr.ndim != 3 or arr.shape[:2] != (h, w):
-            raise UsageError(f"memcpy_h2d data must have shape [{h}, {w}, n] for rect {(x0, y0, w, h)}, not {list(arr.shape)}")
+        (x0, y0, w, h), arr = self._h2d_array(array, rect)
         n = arr.shape[2]
-        if not (0 <= addr and addr + n <= self.config.sram_words):
-            raise UsageError(f"memcpy_h2d of {n} words at {addr} leaves memory 0..{self.config.sram_words - 1}")
+        self._check_span("memcpy_h2d", addr, n)
         for j in range(h):
             for i in range(w):
                 self.pes[(y0 + j) * self.width + x0 + i].mem[addr:addr + n] = arr[j, i]
@@ -173,22 +139,12 @@ class Fabric:
     def memcpy_d2h(self, addr: int, n: int, rect: Rect | None = None) -> np.ndarray:
         """Read words ``addr .. addr+n-1`` of each PE of ``rect`` as ``uint32[h, w, n]``."""
         x0, y0, w, h = self._rect(rect)
-        if not (0 <= addr and n >= 0 and addr + n <= self.config.sram_words):
-            raise UsageError(f"memcpy_d2h of {n} words at {addr} leaves memory 0..{self.config.sram_words - 1}")
+        self._check_span("memcpy_d2h", addr, n)
         out = np.empty((h, w, n), dtype=np.uint32)
         for j in range(h):
             for i in range(w):
                 out[j, i] = self.pes[(y0 + j) * self.width + x0 + i].mem[addr:addr + n]
         return out
-
-    def _edge_key(self, edge: str, index: int) -> tuple[str, int]:
-        edge = str(edge).upper()
-        if edge not in _EDGE_PORTS:
-            raise UsageError(f"edge must be one of N, E, S, W, not {edge!r}")
-        limit = self.width if edge in ("N", "S") else self.height
-        if not 0 <= index < limit:
-            raise UsageError(f"index {index} is outside edge {edge} (0..{limit - 1})")
-        return edge, int(index)
 
     def stream_in(self, edge: str, index: int, color: int, words, ctrl=None) -> None:
         """Queue wavelets for injection at edge port ``(edge, index)``.
@@ -196,36 +152,16 @@ class Fabric:
         ``words`` are float32 values or uint32 patterns; ``ctrl`` is None (all
         data wavelets), one flag for all, or one flag per wavelet."""
         key = self._edge_key(edge, index)
-        if not 0 <= color < self.colors:
-            raise UsageError(f"color must be in 0..{self.colors - 1}, not {color!r}")
-        arr = np.atleast_1d(np.asarray(words))
-        if np.issubdtype(arr.dtype, np.floating):
-            arr = arr.astype(np.float32).view(np.uint32)
-        else:
-            arr = arr.astype(np.int64) & 0xFFFFFFFF
-        flags = np.zeros(len(arr), dtype=np.int64) if ctrl is None else np.broadcast_to(np.asarray(ctrl, dtype=np.int64), (len(arr),))
+        self._check_color(color)
+        arr, flags = stream_words(words, ctrl)
         self._edge_router[key] = self._boundary_router(*key)
         queue = self.edge_in.setdefault(key, {}).setdefault(color, deque())
-        queue.extend((int(d), int(c) & 1) for d, c in zip(arr.tolist(), flags.tolist()))
+        queue.extend(zip(arr.tolist(), flags.tolist()))
 
     def _boundary_router(self, edge: str, index: int) -> tuple[int, int]:
         x, y = {"N": (index, 0), "S": (index, self.height - 1),
                 "W": (0, index), "E": (self.width - 1, index)}[edge]
         return y * self.width + x, int(_EDGE_PORTS[edge])
-
-    def stream_out(self, edge: str, index: int, color: int, with_ctrl: bool = False):
-        """Take the wavelets that left the mesh at ``(edge, index)`` on ``color``:
-        a uint32 array of data (and, with ``with_ctrl``, an array of ctrl flags)."""
-        edge, index = self._edge_key(edge, index)
-        got = self.edge_out.pop((edge, index, color), [])
-        data = np.array([d for d, _ in got], dtype=np.uint32)
-        if with_ctrl:
-            return data, np.array([c for _, c in got], dtype=np.uint8)
-        return data
-
-    def pending_out(self) -> dict[tuple[str, int, int], int]:
-        """Counts of collected, not yet taken, edge output wavelets by (edge, index, color)."""
-        return {k: len(v) for k, v in self.edge_out.items() if v}
 
     def launch(self, task: int, rect: Rect | None = None) -> None:
         """Activate local task ``task`` on the PEs of ``rect`` (default all)."""

@@ -1,0 +1,225 @@
+"""The ``icarus`` backend: the host API through cocotb, from another process.
+
+:class:`CocotbProxyFabric` builds the full RTL mesh for a cocotb simulator
+(Icarus by default, Verilator too), starts the simulator with the
+:mod:`wse.sim.cocotb_tb.server_tb` test, and forwards every host-API call to
+the :class:`~.cocotb_device.CocotbFabric` inside it over a local socket. It is
+slow (Python in every clock cycle of an event-driven simulator) and meant for
+cross-checking the other backends::
+
+    fabric = IcarusFabric(FabricConfig(width=2, height=2))
+    ...                       # the same calls as on wse.sim.golden.Fabric
+    fabric.close()            # or use it as a context manager
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from multiprocessing.connection import Listener
+from pathlib import Path
+
+from wse.config import FabricConfig, UsageError
+from wse.sim.golden import FabricHang, ProgramFault
+
+from .build import cocotb_build
+
+__all__ = ["CocotbProxyFabric", "IcarusFabric"]
+
+_ERRORS = {"UsageError": UsageError, "ProgramFault": ProgramFault}
+_CONNECT_TIMEOUT = 120.0
+
+
+class CocotbProxyFabric:
+    """The host API of :class:`wse.sim.golden.Fabric` on the RTL mesh under
+    cocotb in a simulator process.
+
+    Parameters
+    ----------
+    config:
+        The fabric; default :meth:`FabricConfig.current`.
+    sim:
+        ``"icarus"`` (default) or ``"verilator"``.
+    waves:
+        Record an FST waveform (in the run folder, see :attr:`run_dir`).
+
+    Raises
+    ------
+    UsageError
+        For an unknown simulator or a missing one.
+    RuntimeError
+        If the simulator does not start or dies.
+    """
+
+    def __init__(self, config: FabricConfig | None = None, sim: str = "icarus", waves: bool = False):
+        self.config = config or FabricConfig.current()
+        self.width, self.height, self.colors = self.config.width, self.config.height, self.config.colors
+        self.backend = sim if sim == "icarus" else f"cocotb-{sim}"
+        build = cocotb_build(sim, self.config, "mesh", waves=waves)
+        #: Folder of the simulator's log (``sim.log``) and waveform.
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"wse-{sim}-"))
+        authkey = os.urandom(16)
+        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        host, port = self._listener.address
+        env = {"WSE_COSIM_CONFIG": json.dumps(self.config.to_dict()), "WSE_COSIM_ADDRESS": f"{host}:{port}",
+               "WSE_COSIM_AUTHKEY": authkey.hex()}
+        self._failure: BaseException | None = None
+
+        def simulate():
+            try:
+                build.test("wse.sim.cocotb_tb.server_tb", self.run_dir, extra_env=env)
+            except BaseException as exc:  # the simulator's exit status, reported on the next call
+                self._failure = exc
+
+        self._thread = threading.Thread(target=simulate, name=f"wse-{sim}", daemon=True)
+        self._thread.start()
+        self._connection = self._accept()
+
+    def _accept(self):
+        result = {}
+
+        def accept():
+            try:
+                result["connection"] = self._listener.accept()
+            except OSError as exc:
+                result["error"] = exc
+
+        waiter = threading.Thread(target=accept, daemon=True)
+        waiter.start()
+        waiter.join(_CONNECT_TIMEOUT)
+        while waiter.is_alive() and self._thread.is_alive():
+            waiter.join(1.0)
+        if "connection" not in result:
+            self._listener.close()
+            raise RuntimeError(f"the {self.backend} simulator did not start; see {self.run_dir / 'sim.log'}")
+        return result["connection"]
+
+    def _call(self, name, *args, **kwargs):
+        if self._connection is None:
+            raise UsageError(f"the {self.backend} device is closed")
+        try:
+            self._connection.send((name, args, kwargs))
+            answer = self._connection.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(f"the {self.backend} simulator died ({self._failure}); "
+                               f"see {self.run_dir / 'sim.log'}") from None
+        if answer[0] == "ok":
+            return answer[1]
+        if answer[0] == "hang":
+            _, message, report, cycle = answer
+            raise FabricHang(message, report, cycle)
+        _, kind, message = answer
+        raise _ERRORS.get(kind, RuntimeError)(message)
+
+    def close(self) -> None:
+        """End the simulation."""
+        if getattr(self, "_connection", None) is not None:
+            try:
+                self._call("close")
+            finally:
+                self._connection.close()
+                self._connection = None
+                self._listener.close()
+                self._thread.join(30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # the interpreter may be shutting down
+            pass
+
+    # ------------------------------------------------------------------ host API
+    def load(self, program, rect=None):
+        """See :meth:`wse.sim.golden.Fabric.load`."""
+        return self._call("load", program, rect)
+
+    def set_route(self, x, y, color, input, outputs):
+        """See :meth:`wse.sim.golden.Fabric.set_route`."""
+        return self._call("set_route", x, y, color, input, list(outputs))
+
+    def load_routes(self, table):
+        """See :meth:`wse.sim.golden.Fabric.load_routes`."""
+        return self._call("load_routes", [(x, y, c, i, list(o)) for x, y, c, i, o in table])
+
+    def route(self, x, y, color):
+        """See :meth:`~.device.RtlFabric.route`."""
+        return self._call("route", x, y, color)
+
+    def memcpy_h2d(self, addr, array, rect=None):
+        """See :meth:`wse.sim.golden.Fabric.memcpy_h2d`."""
+        return self._call("memcpy_h2d", addr, array, rect)
+
+    def memcpy_d2h(self, addr, n, rect=None):
+        """See :meth:`wse.sim.golden.Fabric.memcpy_d2h`."""
+        return self._call("memcpy_d2h", addr, n, rect)
+
+    def stream_in(self, edge, index, color, words, ctrl=None):
+        """See :meth:`wse.sim.golden.Fabric.stream_in`."""
+        return self._call("stream_in", edge, index, color, words, ctrl)
+
+    def stream_out(self, edge, index, color, with_ctrl=False):
+        """See :meth:`wse.sim.golden.Fabric.stream_out`."""
+        return self._call("stream_out", edge, index, color, with_ctrl)
+
+    def pending_out(self):
+        """See :meth:`wse.sim.golden.Fabric.pending_out`."""
+        return self._call("pending_out")
+
+    def launch(self, task, rect=None):
+        """See :meth:`wse.sim.golden.Fabric.launch`."""
+        return self._call("launch", task, rect)
+
+    def run(self, max_cycles=None):
+        """See :meth:`wse.sim.golden.Fabric.run`."""
+        return self._call("run", max_cycles)
+
+    def counters(self):
+        """See :meth:`wse.sim.golden.Fabric.counters`."""
+        return self._call("counters")
+
+    def reset_counters(self):
+        """See :meth:`wse.sim.golden.Fabric.reset_counters`."""
+        return self._call("reset_counters")
+
+    def registers(self, x, y):
+        """See :meth:`~.device.RtlFabric.registers`."""
+        return self._call("registers", x, y)
+
+    def trace_emits(self, on=True):
+        """See :meth:`~.device.RtlFabric.trace_emits`."""
+        return self._call("trace_emits", on)
+
+    def emitted(self, x, y):
+        """See :meth:`~.device.RtlFabric.emitted`."""
+        return self._call("emitted", x, y)
+
+    def reset(self):
+        """See :meth:`~.device.RtlFabric.reset`."""
+        return self._call("reset")
+
+    def stats(self):
+        """Clock cycles simulated in runs and on the host bus."""
+        return self._call("stats")
+
+    @property
+    def edge_out(self):
+        """Collected, not yet taken, edge outputs (a copy)."""
+        return self._call("outputs")[0]
+
+    @property
+    def edge_out_cycles(self):
+        """The run cycles of :attr:`edge_out`."""
+        return self._call("outputs")[1]
+
+
+def IcarusFabric(config: FabricConfig | None = None, waves: bool = False) -> CocotbProxyFabric:
+    """The ``icarus`` backend: :class:`CocotbProxyFabric` on Icarus Verilog."""
+    return CocotbProxyFabric(config, "icarus", waves)
