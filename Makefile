@@ -23,11 +23,12 @@ $(STAMP): pyproject.toml setup.py
 	@$(PY) -c "import wse, amaranth, cocotb, torch, numpy"
 	@touch $(STAMP)
 
-# System tools: Icarus Verilog (cocotb regressions). Installed with apt when missing.
+# System tools: Icarus Verilog (cocotb regressions) and a C++ compiler (Verilator builds its
+# models with it). Installed with apt when missing.
 system-tools:
-	@command -v iverilog >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iverilog >/dev/null; \
-	  else echo "iverilog is missing: run 'sudo apt-get install -y iverilog'"; fi; }
+	@{ command -v iverilog && command -v g++; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iverilog g++ >/dev/null; \
+	  else echo "iverilog or g++ is missing: run 'sudo apt-get install -y iverilog g++'"; fi; }
 
 test: setup
 	$(PYTEST)
