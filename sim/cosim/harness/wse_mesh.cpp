@@ -106,7 +106,7 @@ constexpr int kOpposite[kMeshPorts] = {2, 3, 0, 1};
 constexpr int kDx[kMeshPorts] = {0, 1, 0, -1};
 constexpr int kDy[kMeshPorts] = {-1, 0, 1, 0};
 constexpr uint32_t kRouteSpace = 3;
-constexpr double kMainShare = 0.9;  // the calling thread's part of an even share of the tiles  // the calling thread's part of an even share of the tiles  // the calling thread's part of an even share of the tiles  // the calling thread's part of an even share of the tiles  // the calling thread's part of an even share of the tiles
+constexpr double kMainShare = 0.9;  // the calling thread's part of an even share of the tiles
 
 enum Status { kIdle = 0, kSteps = 1, kCycleLimit = 2, kNoProgress = 3, kNotRunning = 4 };
 
