@@ -401,7 +401,7 @@ def test_bad_job_files_exit_2_with_one_message(fabric, tmp_path, capsys, case):
 
 
 BAD_OPTIONS = [
-    (["--systems", "2"], "--systems must be 1, not 2: training on several systems needs SwarmX"),
+    (["--systems", "0"], "--systems must be a positive integer, not 0"),
     (["--mesh", "0x3"], "mesh must have at least one column and one row, not '0x3'"),
     (["--mesh", "big"], "mesh must be WIDTHxHEIGHT such as 4x4, not 'big'"),
     (["--batch", "0"], "--batch must be a positive integer, not 0"),
@@ -461,7 +461,7 @@ def test_real_fabric_errors_exit_2_before_writing(tmp_path, capsys):
     assert err.startswith("wse train: ") and "use a smaller batch or a wider mesh" in err and err.count("\n") == 1
     assert main([*base, "--dataset", "digits", "--mesh", "4x4", "--batch", "32", "--backend", "fpga"]) == 2
     err = capsys.readouterr().err
-    assert "backend must be one of functional, golden, not 'fpga'" in err and err.count("\n") == 1
+    assert "backend must be one of functional, golden, icarus, verilator, not 'fpga'" in err and err.count("\n") == 1
     job = write(tmp_path, BAD_JOBS["unsupported"][0])
     assert main([str(job), "--out", str(out), "--mesh", "4x4", "--batch", "32"]) == 2
     err = capsys.readouterr().err

@@ -7,7 +7,10 @@ streaming, keeps the weights and optimizer in MemoryX, streams every batch
 through the runtime, evaluates each epoch, and leaves a run folder with
 checkpoints (resumable bit for bit), TensorBoard scalars, a log and
 ``summary.json``. :mod:`~wse.host.appliance.reference` trains the same run in
-plain PyTorch for comparison.
+plain PyTorch for comparison. With ``systems`` > 1 (or under ``torchrun``)
+the run is SwarmX data-parallel over several systems, each its own fabric,
+with the single system's results bit for bit
+(:mod:`~wse.host.appliance.systems`, ``docs/swarmx.md``).
 
 Example::
 

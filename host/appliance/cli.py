@@ -3,10 +3,14 @@
 Usage::
 
     wse train examples/fc_mnist.py --backend functional --mesh 16x16 --batch 64 --epochs 5 --out runs/x
+    wse train examples/fc_mnist.py --systems 4 ...                          # four systems in this process
+    torchrun --standalone --nproc-per-node 2 -m wse.cli train examples/fc_mnist.py --out runs/x ...
 
 Every mistake (bad option, bad job file, unsupported model, model that does
 not fit, a run folder that holds another run) is reported as one message on
-stderr with exit code 2, before anything is written.
+stderr with exit code 2, before anything is written; so is a SwarmX peer that
+is missing or stopped. Under ``torchrun`` only system 0 prints results, and
+errors that every system meets alike.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ BATCH and EPOCHS as defaults for the options above. See examples/fc_mnist.py.
 
 The run folder receives summary.json, train.log, fabric.txt (layout and schedule), executable.npz
 (the compiled model), tensorboard/ and checkpoints/.
+
+Several systems (SwarmX, docs/swarmx.md): --systems N runs N systems in this process; under
+torchrun (torchrun --nproc-per-node N -m wse.cli train ...) every process is one system (gloo).
+The batch is the global batch; N systems give the weights of one system bit for bit. Under
+torchrun --max-restarts, restarted systems continue from the run's latest checkpoint.
 """
 
 
@@ -47,10 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run folder (default: runs/<job name>, or runs/<job name>-N "
                                                   "if that one is taken)")
-    run.add_argument("--backend", help=f"runtime backend: functional or golden (default {DEFAULT_BACKEND})")
+    run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), verilator or icarus "
+                          f"(the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
     run.add_argument("--mesh", metavar="WxH", help=f"fabric mesh (default {DEFAULT_MESH})")
-    run.add_argument("--systems", type=int, default=1, metavar="N",
-                     help="systems to train on; only 1 is available until SwarmX (default 1)")
+    run.add_argument("--systems", type=int, metavar="N",
+                     help="systems sharing each batch (default 1; under torchrun: its process count)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace the run that --out holds")
     data = parser.add_argument_group("data and schedule")
@@ -66,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--lr", type=float, help="learning rate")
     optim.add_argument("--momentum", type=float, help="SGD momentum")
     optim.add_argument("--weight-decay", type=float, help="weight decay (PyTorch meaning per optimizer)")
+    optim.add_argument("--memoryx-budget", metavar="SIZE",
+                       help="RAM for weights and optimizer state per system, e.g. 64K, 10MiB, 2GB; "
+                            "the rest lives memory-mapped on disk (default: no limit)")
+    run.add_argument("--swarmx-timeout", type=float, metavar="SECONDS",
+                     help="how long a system waits for a peer before stopping with an error naming it "
+                          "(default 120 s to join, 600 s per transfer)")
     out = parser.add_argument_group("output")
     out.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                      help="also checkpoint every N steps (default: at each epoch's end and the run's end)")
@@ -87,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         epochs=args.epochs, max_steps=args.max_steps, optimizer=args.optimizer, lr=args.lr,
         momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed, dataset=args.dataset,
         mnist_dir=args.mnist_dir, resume=args.resume, overwrite=args.overwrite, systems=args.systems,
+        memoryx_budget=args.memoryx_budget, swarmx_timeout=args.swarmx_timeout,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         progress=args.progress, log_every=args.log_every, tensorboard=args.tensorboard, eval_train=args.eval_train)
 
@@ -95,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``wse train`` with ``argv`` (default ``sys.argv[2:]``); return the exit code.
 
     Prints the run's results at the end. A :class:`UsageError` is printed as
-    ``wse train: <message>`` on stderr and gives exit code 2.
+    ``wse train: <message>`` on stderr and gives exit code 2 (under
+    ``torchrun``, an error that system 0 reports too is printed by system 0
+    only).
     """
     argv = list(sys.argv[2:] if argv is None else argv)
     try:
@@ -108,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train(config_from_args(args))
     except UsageError as exc:
-        print(f"wse train: {exc}", file=sys.stderr)
+        if not getattr(exc, "echo", False):
+            print(f"wse train: {exc}", file=sys.stderr)
         return 2
-    print(summary.describe())
+    if summary is not None:             # None: a system other than 0 under torchrun
+        print(summary.describe())
     return 0

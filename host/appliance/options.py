@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from wse.config import UsageError, parse_mesh
-from wse.host.memoryx import OptimizerConfig
+from wse.host.memoryx import OptimizerConfig, parse_size
 
 from .job import DATASETS, Job
 
@@ -67,9 +67,21 @@ class TrainConfig:
         bit for bit the run that was never stopped (same backend).
     overwrite : bool
         Replace the run that ``out`` already holds.
-    systems : int
-        Number of systems; only 1 is available (data-parallel SwarmX runs are
-        not supported yet).
+    systems : int, optional
+        Systems to train on (SwarmX data parallelism, ``docs/swarmx.md``):
+        the global batch ``batch`` is shared among them, and the result is
+        the single system's bit for bit. Default: 1, or under ``torchrun``
+        the number of processes (``WORLD_SIZE``); a resumed run keeps its
+        number unless given (it may change).
+    memoryx_budget : int or str, optional
+        RAM for MemoryX's weights and optimizer state per system, in bytes or
+        as text such as ``"64K"``, ``"10MiB"``, ``"2GB"``; what does not fit
+        lives in memory-mapped files under ``out/memoryx-disk`` (removed at
+        the end of the run). Results do not change.
+    swarmx_timeout : float, optional
+        Seconds a system waits for a peer (to join, or within a collective)
+        before the run stops with an error naming it; default 120 s to join
+        and 600 s per transfer.
     checkpoint_every : int
         Also checkpoint every this many steps; 0 (default): at the end of each
         epoch and of the run only.
@@ -102,7 +114,9 @@ class TrainConfig:
     mnist_dir: str | os.PathLike | None = None
     resume: bool = False
     overwrite: bool = False
-    systems: int = 1
+    systems: int | None = None
+    memoryx_budget: int | str | None = None
+    swarmx_timeout: float | None = None
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
     progress: str = "auto"
@@ -113,7 +127,7 @@ class TrainConfig:
     def check(self) -> None:
         """Check each field on its own; raises :class:`UsageError` naming the option."""
         def integer(name: str, value: Any, low: int) -> None:
-            if value is None and name not in ("systems", "checkpoint_every", "keep_checkpoints"):
+            if value is None and name not in ("checkpoint_every", "keep_checkpoints"):
                 return
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
                 kind = "a positive" if low == 1 else "a non-negative"
@@ -126,9 +140,11 @@ class TrainConfig:
         for name in ("seed", "checkpoint_every"):
             integer(name, getattr(self, name), 0)
         integer("systems", self.systems, 1)
-        if self.systems != 1:
-            raise UsageError(f"--systems must be 1, not {self.systems}: training on several systems needs "
-                             "SwarmX, which is not available yet")
+        self.budget_bytes    # checks --memoryx-budget
+        timeout = self.swarmx_timeout
+        if timeout is not None and (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool)
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise UsageError(f"--swarmx-timeout must be a positive number of seconds, not {timeout!r}")
         for name in ("lr", "momentum", "weight_decay"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool)
@@ -147,6 +163,17 @@ class TrainConfig:
         if self.mnist_dir is not None and not Path(self.mnist_dir).is_dir():
             raise UsageError(f"--mnist-dir {str(self.mnist_dir)!r} must be a folder of MNIST IDX files")
 
+    @property
+    def budget_bytes(self) -> int | None:
+        """``memoryx_budget`` in bytes (None: no budget). Raises :class:`UsageError` for a bad size."""
+        if self.memoryx_budget is None:
+            return None
+        try:
+            return parse_size(self.memoryx_budget)
+        except UsageError:
+            raise UsageError(f"--memoryx-budget must be a size in bytes with an optional unit such as 64K, "
+                             f"10MiB or 2GB, not {self.memoryx_budget!r}") from None
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -161,7 +188,9 @@ class Settings:
     backend : str
     mesh : str
         ``"WxH"``.
-    batch, epochs, seed, systems : int
+    batch, epochs, seed : int
+    systems : int
+        Systems of the invocation that wrote the settings (it may change on resume).
     max_steps : int or None
     optimizer : dict
         :meth:`OptimizerConfig.to_dict` form.
@@ -180,8 +209,9 @@ class Settings:
     seed: int
     systems: int
 
-    #: Fields a resumed run may change: they do not alter any step already taken.
-    CHANGEABLE = ("example", "example_sha256", "backend", "epochs", "max_steps")
+    #: Fields a resumed run may change: they do not alter any step already taken, nor the bits of
+    #: the steps to come (N systems compute one system's bits, ``docs/swarmx.md``).
+    CHANGEABLE = ("example", "example_sha256", "backend", "epochs", "max_steps", "systems")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -238,11 +268,11 @@ def resolve_settings(config: TrainConfig, job: Job, saved: Settings | None = Non
             mesh="x".join(map(str, parse_mesh(config.mesh or DEFAULT_MESH))),
             batch=config.batch or job.batch, epochs=config.epochs or job.epochs,
             max_steps=config.max_steps, optimizer=_optimizer(job.optimizer, config).to_dict(),
-            seed=0 if config.seed is None else int(config.seed), systems=config.systems)
+            seed=0 if config.seed is None else int(config.seed), systems=config.systems or 1)
     given = {
         "dataset": config.dataset, "mnist_dir": mnist_dir,
         "mesh": "x".join(map(str, parse_mesh(config.mesh))) if config.mesh else None,
-        "batch": config.batch, "seed": config.seed, "systems": config.systems,
+        "batch": config.batch, "seed": config.seed,
         "optimizer": _optimizer(saved.optimizer, config).to_dict(),
     }
     for name, value in given.items():
@@ -253,7 +283,7 @@ def resolve_settings(config: TrainConfig, job: Job, saved: Settings | None = Non
     # max_steps is not inherited: resuming a run stopped by --max-steps goes on to its last epoch.
     return dataclasses.replace(saved, example=str(job.path), example_sha256=job.sha256,
                                backend=config.backend or saved.backend, epochs=config.epochs or saved.epochs,
-                               max_steps=config.max_steps)
+                               max_steps=config.max_steps, systems=config.systems or saved.systems)
 
 
 def _show(value: Any) -> str:

@@ -28,13 +28,18 @@ if TYPE_CHECKING:
     from .training import Prepared
 
 __all__ = ["Progress", "Scalars", "RunSummary", "finish_run", "loss_curve", "optimizer_text", "write_json",
-           "SUMMARY_NAME", "EXECUTABLE_NAME", "LOG_NAME", "FABRIC_NAME", "TENSORBOARD_DIR"]
+           "SUMMARY_NAME", "EXECUTABLE_NAME", "LOG_NAME", "FABRIC_NAME", "TENSORBOARD_DIR", "ELASTIC_NAME",
+           "SCRATCH_DIR"]
 
 SUMMARY_NAME = "summary.json"
 EXECUTABLE_NAME = "executable.npz"
 LOG_NAME = "train.log"
 FABRIC_NAME = "fabric.txt"
 TENSORBOARD_DIR = "tensorboard"
+#: The file naming the ``torchrun`` job that started a run (for automatic restarts).
+ELASTIC_NAME = "elastic.json"
+#: The folder that holds MemoryX's disk tier while a run with ``--memoryx-budget`` trains.
+SCRATCH_DIR = "memoryx-disk"
 
 
 def _fmt_step(step: int, total: int, epoch: float, loss: float, accuracy: float, cycles: float,
@@ -61,15 +66,17 @@ class Progress:
         for lines.
     log_file : path, optional
         A file that receives every log line (appended), whatever the mode.
+    suffix : str
+        Appended to every step line (e.g. the SwarmX cycles of a run on several systems).
     """
 
     def __init__(self, total: int, initial: int, mode: str, log_every: int, stream: IO[str] | None = None,
-                 log_file: str | os.PathLike | None = None):
+                 log_file: str | os.PathLike | None = None, suffix: str = ""):
         if mode == "auto":
             probe = stream if stream is not None else sys.stderr
             mode = "bar" if hasattr(probe, "isatty") and probe.isatty() else "lines"
         self.mode = mode
-        self.total, self.log_every = total, max(1, log_every)
+        self.total, self.log_every, self.suffix = total, max(1, log_every), suffix
         self._stream = stream if stream is not None else (sys.stderr if mode == "bar" else sys.stdout)
         self._log = open(log_file, "a", encoding="utf-8") if log_file is not None else None
         self._bar = None
@@ -105,7 +112,8 @@ class Progress:
                                   util=f"{utilization:.3f}", refresh=False)
         if step % self.log_every == 0 or step == self.total:
             rate = (step - self._initial) / max(time.perf_counter() - self._started, 1e-9)
-            line = _fmt_step(step, self.total, epoch, loss, accuracy, cycles, utilization) + f"  ({rate:.2f} steps/s)"
+            line = (_fmt_step(step, self.total, epoch, loss, accuracy, cycles, utilization) + self.suffix
+                    + f"  ({rate:.2f} steps/s)")
             self._emit(line, show=self._bar is None)
 
     def close(self) -> None:
@@ -194,13 +202,14 @@ class RunSummary:
     test_loss : float
         Mean cross-entropy of the final weights on the test split.
     cycles_per_step : float
-        Mean simulated fabric cycles per training step.
+        Mean simulated fabric cycles per training step (of one system; the
+        SwarmX cycles of a run on several systems are in ``data["systems"]``).
     fmac_utilization : float
         Mean FMAC utilization of the streamed GEMMs (as the runtime defines it).
     wall_s : float
         Wall-clock seconds spent training, all invocations together.
     data : dict
-        The full summary (settings, loss curve, per-epoch records, files).
+        The full summary (settings, loss curve, per-epoch records, files, systems).
     """
 
     out: Path
@@ -234,6 +243,18 @@ class RunSummary:
             f"  summary     : {files['summary']}",
             f"  checkpoint  : {files['checkpoint']}",
         ]
+        systems = self.data.get("systems") or {}
+        swarmx = systems.get("swarmx")
+        if systems.get("count", 1) > 1 and swarmx:
+            transport = "in-process" if systems["transport"] == "inprocess" else systems["transport"]
+            lines.insert(2, f"  systems     : {systems['count']} ({transport}), each {swarmx['compute']:,} fabric "
+                            f"cycles/step; SwarmX broadcast {swarmx['broadcast']:,} + reduce {swarmx['reduce']:,} "
+                            f"cycles/step; step {swarmx['overlapped']:,} cycles with streams overlapped "
+                            f"({swarmx['serial']:,} serial)")
+        tiers = systems.get("memoryx")
+        if tiers:
+            lines.insert(-2, f"  memoryx     : budget {tiers['budget_bytes']:,} bytes per system; system 0 keeps "
+                             f"{tiers['resident_bytes']:,} bytes in RAM and {tiers['disk_bytes']:,} on disk")
         if files.get("tensorboard"):
             lines.append(f"  tensorboard : tensorboard --logdir {files['tensorboard']}")
         return "\n".join(lines)
@@ -248,12 +269,16 @@ def optimizer_text(config: OptimizerConfig) -> str:
 
 def finish_run(p: "Prepared", trainer: dict, resumed_from: int | None, steps_before: int,
                train_acc: float | None, test_acc: float, test_loss: float, wall: float, step_s: float,
-               checkpoint: Path | None) -> RunSummary:
+               checkpoint: Path | None, systems: dict | None = None) -> RunSummary:
     """Write ``summary.json`` for a run that has done its steps and return its :class:`RunSummary`.
 
     ``p`` is the :class:`~wse.host.appliance.training.Prepared` run, ``trainer``
     its trainer state (history, epoch records), ``steps_before`` the step it
     started from in this invocation and ``step_s`` the seconds its steps took.
+    ``systems`` (the summary's ``"systems"`` entry) describes the systems of
+    this invocation: ``count``, ``transport``, ``swarmx`` (the link model and
+    :class:`~wse.host.swarmx.StepCycles` of a step) and ``memoryx`` (bytes in
+    RAM and on disk of system 0's MemoryX under a budget).
     """
     hist, s = trainer["history"], p.settings
     step, total = trainer["step"], p.total_steps
@@ -281,6 +306,7 @@ def finish_run(p: "Prepared", trainer: dict, resumed_from: int | None, steps_bef
             "fmac_utilization": (sum(hist["utilization"]) / len(hist["utilization"])) if cycles else 0.0,
             "phases": trainer["phases"],
         },
+        "systems": systems,
         "wall_s": wall,
         "step_time_s": step_s / ran if ran else 0.0,    # train_step + optimizer step, this invocation
         "files": {

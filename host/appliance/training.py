@@ -9,7 +9,9 @@
 2. The loop streams each mini-batch through the fabric (``Runtime.train_step``
    with the weights MemoryX holds), hands the gradients to MemoryX for the
    optimizer step, evaluates on the test split after each epoch
-   (``Runtime.forward``) and checkpoints.
+   (``Runtime.forward``) and checkpoints. With ``systems`` > 1 the loop runs
+   on every system and each step is a SwarmX data-parallel step
+   (:mod:`~wse.host.appliance.systems`); system 0 evaluates and writes.
 
 Training batches are whole: each epoch visits the training split in the order
 :class:`~wse.host.data.Batches` draws from ``(seed, epoch)`` and leaves out the
@@ -31,19 +33,20 @@ import torch
 
 from wse.config import FabricConfig, UsageError
 from wse.host.data import Batches
-from wse.host.memoryx import MemoryX
+from wse.host.memoryx import MemoryX, NonFiniteGradientError
 
 from .checkpoint import CHECKPOINTS, decode_rng_state, encode_rng_state, latest_checkpoint, load_checkpoint, \
     save_checkpoint
 from .job import Job, load_dataset, load_job
 from .options import Settings, TrainConfig, resolve_settings
-from .report import (EXECUTABLE_NAME, FABRIC_NAME, LOG_NAME, SUMMARY_NAME, TENSORBOARD_DIR, Progress, RunSummary,
-                     Scalars, finish_run)
+from .report import (ELASTIC_NAME, EXECUTABLE_NAME, FABRIC_NAME, LOG_NAME, SCRATCH_DIR, SUMMARY_NAME,
+                     TENSORBOARD_DIR, Progress, RunSummary, Scalars, finish_run)
 
 __all__ = ["RunSummary", "Prepared", "prepare", "run", "train", "evaluate", "load_run", "optimizer_threads",
            "SUMMARY_NAME", "EXECUTABLE_NAME"]
 
-_OWNED = (SUMMARY_NAME, EXECUTABLE_NAME, CHECKPOINTS, TENSORBOARD_DIR, LOG_NAME, FABRIC_NAME)
+_OWNED = (SUMMARY_NAME, EXECUTABLE_NAME, CHECKPOINTS, TENSORBOARD_DIR, LOG_NAME, FABRIC_NAME, ELASTIC_NAME,
+          SCRATCH_DIR)
 
 
 # ------------------------------------------------------------------ the core's entry points
@@ -75,7 +78,7 @@ class Prepared:
     model: torch.nn.Module
     executable: Any
     runtime: Any
-    memoryx: MemoryX
+    memoryx: Any                # the whole MemoryX; while training, this system's (a ShardedMemoryX on N systems)
     batches: Batches
     trainer: dict | None        # the resumed checkpoint's trainer state
 
@@ -192,15 +195,28 @@ def prepare(config: TrainConfig) -> Prepared:
         memoryx = saved_memoryx
         batches = Batches.from_state(x_train, y_train, trainer["batches"])
     runtime = _open_runtime(executable, settings.backend)
+    if settings.systems > 1:
+        _check_systems(settings, executable, runtime)
     return Prepared(config, settings, job, out, replace_out, (x_train, y_train), (x_test, y_test), model,
                     executable, runtime, memoryx, batches, trainer)
 
 
+def _check_systems(settings: Settings, executable: Any, runtime: Any) -> None:
+    """Raise :class:`UsageError` unless ``settings.systems`` systems can share the run's steps."""
+    from wse.host.swarmx import token_blocks
+
+    systems = settings.systems
+    if not getattr(runtime, "supports_shards", False):
+        raise UsageError(f"--systems {systems} needs a backend that runs part of a step (Runtime.train_shard: "
+                         f"the functional backend); the {settings.backend} backend runs whole steps only")
+    columns = len(token_blocks(executable))
+    if systems > columns:
+        raise UsageError(f"--systems {systems} exceeds the {columns} token columns of a batch of {settings.batch} "
+                         f"on the {settings.mesh} mesh (each system takes whole columns); use at most {columns} "
+                         "systems, a larger --batch or a wider --mesh")
+
+
 # ------------------------------------------------------------------ evaluation
-def _weights(memoryx: MemoryX) -> dict[str, np.ndarray]:
-    return {name: memoryx.weight(name) for name in memoryx.names()}
-
-
 def _cross_entropy(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Per-sample softmax cross-entropy in float64."""
     z = logits.astype(np.float64)
@@ -276,8 +292,11 @@ def _start_folder(prepared: Prepared) -> None:
         executable.save(out / EXECUTABLE_NAME)     # runs without the job file: Executable.load
 
 
-def train(config: TrainConfig, *, stream=None) -> RunSummary:
+def train(config: TrainConfig, *, stream=None) -> RunSummary | None:
     """Train the job of ``config`` on the fabric; see the module notes.
+
+    Under ``torchrun`` this process is one system of the run (gloo);
+    otherwise ``config.systems`` systems run in this process.
 
     Parameters
     ----------
@@ -287,94 +306,141 @@ def train(config: TrainConfig, *, stream=None) -> RunSummary:
 
     Returns
     -------
-    RunSummary
+    RunSummary or None
+        The summary; None in the processes of systems other than 0 under ``torchrun``.
 
     Raises
     ------
     UsageError
-        As :func:`prepare` (then nothing is written), or for a non-finite
-        gradient during training (the last checkpoint stays valid).
+        As :func:`prepare` (then nothing is written), for a non-finite
+        gradient during training (the last checkpoint stays valid), or a
+        SwarmX peer that is missing or stopped (:class:`~wse.host.swarmx.PeerError`).
     """
+    from .systems import detect_launch, train_gloo
+
+    if not isinstance(config, TrainConfig):
+        raise UsageError(f"config must be a TrainConfig, not {type(config).__name__}")
+    config.check()
+    launch = detect_launch(config)
+    if launch.transport == "gloo":
+        return train_gloo(config, launch, stream)
     return run(prepare(config), stream=stream)
 
 
 def run(prepared: Prepared, *, stream=None) -> RunSummary:
-    """Run a :class:`Prepared` run to its end (or ``max_steps``) and write its summary."""
+    """Run a :class:`Prepared` run to its end (or ``max_steps``) and write its summary.
+
+    ``prepared.settings.systems`` systems run in this process (as threads
+    when more than one); ``prepared`` is used up.
+    """
+    from .systems import run_systems
+
     with optimizer_threads(1):
-        return _run(prepared, stream)
+        return run_systems(prepared, stream)
 
 
-def _run(prepared: Prepared, stream) -> RunSummary:
-    p, s = prepared, prepared.settings
+def _run(prepared: Prepared, stream, engine) -> RunSummary | None:
+    """The training loop of one system (``engine``): every system takes every step; system 0 writes."""
+    from .systems import describe_launch
+
+    p, s, root = prepared, prepared.settings, engine.root
     trainer = p.trainer if p.trainer is not None else _new_trainer(s)
     trainer["settings"] = s.to_dict()
-    if trainer["torch_rng"] is not None:
+    if trainer["torch_rng"] is not None and root:
         decode_rng_state(trainer["torch_rng"])     # as if the run had never stopped
     resumed_from = trainer["step"] if p.trainer is not None else None
     spe, total, batch = p.steps_per_epoch, p.total_steps, s.batch
-    _start_folder(p)
     out = p.out
-    scalars = Scalars(out / TENSORBOARD_DIR if p.config.tensorboard else None, purge_step=trainer["step"] + 1)
-    progress = Progress(total, trainer["step"], p.config.progress, p.config.log_every or max(1, spe // 10),
-                        stream=stream, log_file=out / LOG_NAME)
+    swarmx = engine.swarmx if engine.systems > 1 else None
+    scalars = Scalars(out / TENSORBOARD_DIR if p.config.tensorboard and root else None,
+                      purge_step=trainer["step"] + 1)
+    suffix = (f"  SwarmX broadcast {swarmx.broadcast:,} reduce {swarmx.reduce:,} step {swarmx.overlapped:,}"
+              if swarmx is not None else "")
+    progress = Progress(total, trainer["step"], p.config.progress if root else "none",
+                        p.config.log_every or max(1, spe // 10), stream=stream,
+                        log_file=out / LOG_NAME if root else None, suffix=suffix)
     hist = trainer["history"]
     checkpoint = None
     started, wall_before = time.perf_counter(), trainer["wall_s"]
     steps_before, step_s = trainer["step"], 0.0
     try:
         progress.message(f"training {p.job.path.name} on {s.dataset}: {s.mesh} mesh, {s.backend} backend, "
-                         f"batch {batch}, {total} steps ({spe} per epoch)"
+                         f"{describe_launch(engine)}, batch {batch}, {total} steps ({spe} per epoch)"
                          + (f", resumed at step {resumed_from}" if resumed_from is not None else ""))
         last_eval: tuple[float, float] | None = None
+        evaluated = False
         while trainer["step"] < total:
             xb, yb = p.batches.next_batch()
             tick = time.perf_counter()
-            result = p.runtime.train_step(xb, yb, _weights(p.memoryx))
             try:
-                p.memoryx.apply_gradients(result.grads)
-            except UsageError as exc:
-                raise type(exc)(f"step {trainer['step'] + 1}: {exc}") from None
+                result = engine.step(xb, yb)
+            except NonFiniteGradientError as exc:
+                error = type(exc)(f"step {trainer['step'] + 1}: {exc}")
+                error.echo = getattr(exc, "echo", False)
+                raise error from None
             step_s += time.perf_counter() - tick
             trainer["step"] += 1
             step = trainer["step"]
-            loss, acc = float(result.loss), int(result.correct) / batch
+            loss, acc = result.loss, result.correct / batch
             hist["loss"].append(loss)
-            hist["correct"].append(int(result.correct))
-            hist["cycles"].append(int(result.cycles))
-            hist["utilization"].append(float(result.fmac_utilization))
-            trainer["phases"] = {k: int(v) for k, v in dict(result.phases).items()}
-            progress.step(step, step / spe, loss, acc, result.cycles, result.fmac_utilization)
-            scalars.add(step, {"train/loss": loss, "train/batch_accuracy": acc,
-                               "fabric/cycles_per_step": result.cycles,
-                               "fabric/fmac_utilization": result.fmac_utilization})
-            last_eval = None
+            hist["correct"].append(result.correct)
+            hist["cycles"].append(result.cycles)
+            hist["utilization"].append(result.utilization)
+            trainer["phases"] = result.phases
+            progress.step(step, step / spe, loss, acc, result.cycles, result.utilization)
+            values = {"train/loss": loss, "train/batch_accuracy": acc, "fabric/cycles_per_step": result.cycles,
+                      "fabric/fmac_utilization": result.utilization}
+            if swarmx is not None:
+                values.update({"swarmx/broadcast_cycles_per_step": swarmx.broadcast,
+                               "swarmx/reduce_cycles_per_step": swarmx.reduce,
+                               "swarmx/step_cycles": swarmx.overlapped})
+            scalars.add(step, values)
+            last_eval, evaluated = None, False
             epoch_end = p.batches.position == 0
             if epoch_end:
                 epoch = p.batches.epoch         # the epoch just finished, counting from 1
-                last_eval = evaluate(p.runtime, _weights(p.memoryx), *p.test_data, batch)
-                wall = wall_before + time.perf_counter() - started
-                record = _epoch_record(trainer, epoch, spe, batch, last_eval, wall)
-                trainer["epochs"].append(record)
-                scalars.add(step, {"epoch/train_loss": record["train_loss"],
-                                   "epoch/train_accuracy": record["train_accuracy"],
-                                   "epoch/test_loss": record["test_loss"],
-                                   "epoch/test_accuracy": record["test_accuracy"], "epoch/epoch": epoch})
-                progress.message(f"epoch {epoch}: train loss {record['train_loss']:.4f}  "
-                                 f"train acc {record['train_accuracy']:.4f}  test loss {record['test_loss']:.4f}  "
-                                 f"test acc {record['test_accuracy']:.4f}")
+                weights, evaluated = engine.weights(), True
+                if root:
+                    last_eval = evaluate(p.runtime, weights, *p.test_data, batch)
+                    wall = wall_before + time.perf_counter() - started
+                    record = _epoch_record(trainer, epoch, spe, batch, last_eval, wall)
+                    trainer["epochs"].append(record)
+                    scalars.add(step, {"epoch/train_loss": record["train_loss"],
+                                       "epoch/train_accuracy": record["train_accuracy"],
+                                       "epoch/test_loss": record["test_loss"],
+                                       "epoch/test_accuracy": record["test_accuracy"], "epoch/epoch": epoch})
+                    progress.message(f"epoch {epoch}: train loss {record['train_loss']:.4f}  "
+                                     f"train acc {record['train_accuracy']:.4f}  test loss "
+                                     f"{record['test_loss']:.4f}  test acc {record['test_accuracy']:.4f}")
             every = p.config.checkpoint_every
             if epoch_end or step == total or (every and step % every == 0):
                 trainer.update(epoch=p.batches.epoch, batches=p.batches.state(), torch_rng=encode_rng_state(),
                                wall_s=wall_before + time.perf_counter() - started)
-                checkpoint = save_checkpoint(out, p.memoryx, trainer, keep=p.config.keep_checkpoints)
-        weights = _weights(p.memoryx)
-        test_loss, test_acc = last_eval or evaluate(p.runtime, weights, *p.test_data, batch)
-        train_acc = evaluate(p.runtime, weights, *p.train_data, batch)[1] if p.config.eval_train else None
+                checkpoint = engine.save(lambda memoryx: save_checkpoint(out, memoryx, trainer,
+                                                                         keep=p.config.keep_checkpoints))
+        weights = engine.weights() if not evaluated or p.config.eval_train else None
+        if root:
+            test_loss, test_acc = last_eval or evaluate(p.runtime, weights, *p.test_data, batch)
+            train_acc = evaluate(p.runtime, weights, *p.train_data, batch)[1] if p.config.eval_train else None
     finally:
         progress.close()
         scalars.close()
+    if not root:
+        return None
     wall = wall_before + time.perf_counter() - started
     if checkpoint is None:
         checkpoint = latest_checkpoint(out)
     return finish_run(p, trainer, resumed_from, steps_before, train_acc, test_acc, test_loss, wall, step_s,
-                   checkpoint)
+                      checkpoint, systems=_systems_report(engine))
+
+
+def _systems_report(engine) -> dict:
+    """The summary's ``"systems"`` entry: count, transport, SwarmX link figures, MemoryX tiers."""
+    report = {"count": engine.systems, "transport": engine.transport, "swarmx": None,
+              "memoryx": engine.memoryx_report()}
+    if engine.swarmx is not None:
+        links = engine.links
+        report["swarmx"] = {"link": {"wavelets_per_cycle": links.wavelets_per_cycle,
+                                     "hop_latency": links.hop_latency, "fanout": links.fanout},
+                            "reduce_order": "chain", **engine.swarmx.to_dict()}
+    return report

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -264,6 +264,55 @@ class MemoryX:
             views[slot] = view
         return views
 
+    def stream_weights(self, names: Iterable[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """``(name, copy of the weights)`` for every tensor (or ``names``) in streaming order.
+
+        With a store that has a disk tier (:class:`~wse.host.memoryx.TieredStore`)
+        the tensors are fetched layer by layer: the next one is prefetched while
+        this one is copied out, and released after.
+        """
+        names = self.names() if names is None else list(names)
+        for i, name in enumerate(names):
+            self.hint("prefetch", names[i + 1:i + 2])
+            value = np.array(self.weight(name))
+            self.hint("release", [name])
+            yield name, value
+
+    def hint(self, action: str, names: Iterable[str]) -> None:
+        """Ask a store with a disk tier to ``"prefetch"`` or ``"release"`` the weights and
+        optimizer state of ``names``; a no-op for stores without one (a hint: results never change)."""
+        if action not in ("prefetch", "release"):
+            raise UsageError(f"action must be 'prefetch' or 'release', not {action!r}")
+        method = getattr(self._store, action, None)
+        if method is not None:
+            method([key for name in names
+                    for key in [name] + [name + _SLOT_SEP + slot for slot in self._slots[name]]])
+
+    def copy(self, *, store: TensorStore | None = None) -> "MemoryX":
+        """An independent copy (weights, optimizer state, step counts) whose tensors live in ``store``.
+
+        Tensors are created in streaming order, weights first, then each
+        tensor's optimizer state, as a new MemoryX creates them (a
+        :class:`~wse.host.memoryx.TieredStore` places them in that order).
+        Continuing from the copy gives the original's results bit for bit.
+        """
+        if self._optimizer is None:
+            raise UsageError("MemoryX holds no tensors yet; there is nothing to copy")
+        twin = type(self).from_state_dict({name: self.weight(name) for name in self._order}, self._config,
+                                         order=self._order, store=store, nonfinite=self._nonfinite)
+        for name in self._order:
+            for slot, value in self.optimizer_state(name).items():
+                twin._set_slot(name, slot, value)
+        twin.step_count, twin.skipped_steps = self.step_count, self.skipped_steps
+        return twin
+
+    def _set_slot(self, name: str, slot: str, value: np.ndarray) -> None:
+        """Create optimizer-state tensor ``slot`` of ``name`` in the store, holding ``value``."""
+        state = self._optimizer.state[self._params[name]]
+        array = self._store.create(name + _SLOT_SEP + slot, value.shape, dtype=value.dtype)
+        array[...] = value
+        self._slots[name][slot] = state[slot] = torch.from_numpy(array)
+
     def state_dict(self) -> "collections.OrderedDict[str, torch.Tensor]":
         """Copies of the weights as torch tensors with PyTorch names and shapes, in streaming order.
 
@@ -427,11 +476,7 @@ class MemoryX:
                     raise UsageError(f"{where} optimizer state {slot!r} of {name!r} is not float32 of shape {shape}")
         memoryx.load_state_dict({name: tensors[name] for name in order}, order=order)
         for name in order:
-            state = memoryx._optimizer.state[memoryx._params[name]]
             for slot in slots[name]:
-                value = tensors[name + _SLOT_SEP + slot]
-                array = memoryx._store.create(name + _SLOT_SEP + slot, value.shape, dtype=value.dtype)
-                array[...] = value
-                memoryx._slots[name][slot] = state[slot] = torch.from_numpy(array)
+                memoryx._set_slot(name, slot, tensors[name + _SLOT_SEP + slot])
         memoryx.step_count, memoryx.skipped_steps = step_count, skipped
         return memoryx

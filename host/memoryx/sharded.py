@@ -30,7 +30,7 @@ import torch
 from wse.config import UsageError
 from wse.firmware.kernels.common import block_partition
 
-from .memoryx import _SLOT_SEP, MemoryX, NonFiniteGradientError, _as_float32
+from .memoryx import MemoryX, NonFiniteGradientError, _as_float32
 from .optim import OptimizerConfig
 from .store import TensorStore
 
@@ -77,16 +77,6 @@ class ShardMap:
                             for name, shape in self.shapes.items()}}
 
 
-class _Shard(MemoryX):
-    """A MemoryX whose optimizer state can be set from saved values (as ``MemoryX.load`` does)."""
-
-    def _restore_slot(self, name: str, slot: str, value: np.ndarray) -> None:
-        state = self._optimizer.state[self._params[name]]
-        array = self._store.create(name + _SLOT_SEP + slot, value.shape, dtype=value.dtype)
-        array[...] = value
-        self._slots[name][slot] = state[slot] = torch.from_numpy(array)
-
-
 def _owned(value: np.ndarray, slot: str, span: range) -> np.ndarray:
     return value.copy() if slot in _REPLICATED_SLOTS else value.reshape(-1)[span.start:span.stop].copy()
 
@@ -130,7 +120,7 @@ class ShardedMemoryX:
             raise UsageError(f"order must be a permutation of the tensor names {list(arrays)}, not {names}")
         shard_map = ShardMap({name: arrays[name].shape for name in names}, group.size)
         slices = {name: _owned(arrays[name], "", shard_map.range(name, group.rank)) for name in names}
-        local = _Shard.from_state_dict(slices, optimizer, order=names, store=store, nonfinite=nonfinite, **hyper)
+        local = MemoryX.from_state_dict(slices, optimizer, order=names, store=store, nonfinite=nonfinite, **hyper)
         return cls(group, local, shard_map)
 
     @classmethod
@@ -141,15 +131,25 @@ class ShardedMemoryX:
         on several machines) and keeps its part; any number of shards can
         load any checkpoint. Raises :class:`UsageError` like ``MemoryX.load``.
         """
-        whole = MemoryX.load(folder)
+        return cls.from_memoryx(group, MemoryX.load(folder), store=store)
+
+    @classmethod
+    def from_memoryx(cls, group, whole: MemoryX, *, store: TensorStore | None = None) -> "ShardedMemoryX":
+        """This system's shard of ``whole`` (the same whole MemoryX, or an equal one, on every system).
+
+        The shard copies its slices of the weights and optimizer state and the
+        step counts; ``whole`` is not changed and may be dropped afterwards.
+        """
+        if not isinstance(whole, MemoryX) or not whole.names():
+            raise UsageError("whole must be a MemoryX holding tensors")
         shard_map = ShardMap({name: whole.shape(name) for name in whole.names()}, group.size)
         mine = {name: shard_map.range(name, group.rank) for name in whole.names()}
         slices = {name: _owned(whole.weight(name), "", mine[name]) for name in whole.names()}
-        local = _Shard.from_state_dict(slices, whole.config, order=whole.names(), store=store,
+        local = MemoryX.from_state_dict(slices, whole.config, order=whole.names(), store=store,
                                        nonfinite=whole.nonfinite)
         for name in whole.names():
             for slot, value in whole.optimizer_state(name).items():
-                local._restore_slot(name, slot, _owned(value, slot, mine[name]))
+                local._set_slot(name, slot, _owned(value, slot, mine[name]))
         local.step_count, local.skipped_steps = whole.step_count, whole.skipped_steps
         return cls(group, local, shard_map)
 
@@ -196,13 +196,8 @@ class ShardedMemoryX:
                 f"tensors={len(self)}, step_count={self.step_count})")
 
     # ------------------------------------------------------------ streaming out
-    def _keys(self, name: str) -> list[str]:
-        return [name] + [name + _SLOT_SEP + slot for slot in self.local.optimizer_state(name)]
-
     def _hint(self, action: str, names: Iterable[str]) -> None:
-        method = getattr(self.local.store, action, None)     # a TieredStore streams its disk tier
-        if method is not None:
-            method([key for name in names for key in self._keys(name)])
+        self.local.hint(action, names)      # a TieredStore streams its disk tier
 
     def weight(self, name: str, *, dst: int | None = None) -> np.ndarray | None:
         """The whole weights of ``name`` (float32, full shape), a collective.
@@ -237,6 +232,36 @@ class ShardedMemoryX:
             full = self.weight(name)
             self._hint("release", [name])
             yield name, full
+
+    def all_weights(self) -> dict[str, np.ndarray]:
+        """Every tensor's whole weights on every system, by name in streaming order; a collective.
+
+        The same values as :meth:`stream_weights` in fewer messages: each shard
+        packs its slices of every tensor (read in streaming order, a disk tier
+        prefetched one tensor ahead and released after) and sends them in one
+        broadcast.
+        """
+        names, rank = self.names(), self.group.rank
+        spans = {name: self.shard_map.ranges(name) for name in names}
+        packs = [np.empty(sum(len(spans[name][s]) for name in names), np.float32) for s in range(self.group.size)]
+        offset = 0
+        for i, name in enumerate(names):
+            self._hint("prefetch", names[i + 1:i + 2])
+            size = len(spans[name][rank])
+            packs[rank][offset:offset + size] = self.local.weight(name)
+            offset += size
+            self._hint("release", [name])
+        works = [self.group.broadcast(pack, src, async_op=True) for src, pack in enumerate(packs)]
+        for work in works:
+            work.wait()
+        out, offsets = {}, [0] * len(packs)
+        for name in names:
+            flat = np.empty(int(np.prod(self.shape(name), dtype=np.int64)), np.float32)
+            for src, span in enumerate(spans[name]):
+                flat[span.start:span.stop] = packs[src][offsets[src]:offsets[src] + len(span)]
+                offsets[src] += len(span)
+            out[name] = flat.reshape(self.shape(name))
+        return out
 
     def state_dict(self, *, dst: int | None = None) -> "collections.OrderedDict[str, torch.Tensor] | None":
         """Whole weights as torch tensors by name, in streaming order (see :meth:`weight` for ``dst``)."""
@@ -299,14 +324,16 @@ class ShardedMemoryX:
         return applied
 
     # -------------------------------------------------------------- checkpoints
-    def save(self, folder: str | os.PathLike) -> None:
-        """Gather every shard to system 0, which writes an ordinary MemoryX checkpoint atomically.
+    def gather(self, dst: int = 0, *, store: TensorStore | None = None) -> MemoryX | None:
+        """The whole, unsharded MemoryX on system ``dst`` (None on the others); a collective.
 
-        A collective: every system returns once the checkpoint is committed.
-        The checkpoint does not depend on the number of shards.
+        Weights, optimizer state and step counts are those of the shards put
+        together; continuing from it gives the sharded results bit for bit.
+        ``store`` (on ``dst``) holds its tensors, e.g. a
+        :class:`~wse.host.memoryx.TieredStore` to bound the RAM it takes.
         """
-        root = self.group.rank == 0
-        weights = {name: self.weight(name, dst=0) for name in self.names()}
+        root = self.group.rank == dst
+        weights = {name: self.weight(name, dst=dst) for name in self.names()}
         states: dict[str, dict[str, np.ndarray]] = {}
         for name in self.names():
             states[name] = {}
@@ -317,16 +344,28 @@ class ShardedMemoryX:
                     continue
                 full = np.empty(int(np.prod(self.shape(name), dtype=np.int64)), value.dtype)
                 views = [full[s.start:s.stop] for s in spans] if root else None
-                self.group.gather(np.ascontiguousarray(value), views, 0)
+                self.group.gather(np.ascontiguousarray(value), views, dst)
                 states[name][slot] = full.reshape(self.shape(name))
+        if not root:
+            return None
+        whole = MemoryX.from_state_dict(weights, self.config, order=self.names(), store=store,
+                                        nonfinite=self.nonfinite)
+        for name, slots in states.items():
+            for slot, value in slots.items():
+                whole._set_slot(name, slot, value)
+        whole.step_count, whole.skipped_steps = self.step_count, self.skipped_steps
+        return whole
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """Gather every shard to system 0, which writes an ordinary MemoryX checkpoint atomically.
+
+        A collective: every system returns once the checkpoint is committed.
+        The checkpoint does not depend on the number of shards.
+        """
+        whole = self.gather(0)
         error: BaseException | None = None
-        if root:
+        if whole is not None:
             try:
-                whole = _Shard.from_state_dict(weights, self.config, order=self.names(), nonfinite=self.nonfinite)
-                for name, slots in states.items():
-                    for slot, value in slots.items():
-                        whole._restore_slot(name, slot, value)
-                whole.step_count, whole.skipped_steps = self.step_count, self.skipped_steps
                 whole.save(folder)
             except BaseException as exc:    # noqa: BLE001 - release the others first, then raise
                 error = exc

@@ -233,14 +233,27 @@ class Runtime:
         lse = np.log(np.exp(z - top).sum(axis=1)) + top[:, 0]
         loss = float(np.mean(lse - z[np.arange(n), y]))
         correct = int(np.count_nonzero(np.argmax(logits, axis=1) == y))
+        return StepResult(loss=loss, correct=correct, logits=logits, grads=out.grads,
+                          cycles=int(sum(out.cycles.values())), fmac_utilization=self.fmac_utilization(out.cycles),
+                          phases=dict(out.cycles))
+
+    def fmac_utilization(self, cycles: Mapping[str, int] | None = None) -> float:
+        """FMAC utilization of a training step's streamed GEMMs (see :attr:`StepResult.fmac_utilization`).
+
+        ``cycles`` gives each phase's cycles (a backend's counts); by default
+        the executable's static cycle model, which every backend matches.
+        """
         exe = self.executable
         streamed = [name for name in exe.sequences["train"]
                     if exe.phases[name]["group"] in ("forward", "backward-data")]
-        cycles = sum(out.cycles[name] for name in streamed)
+        count = sum(int(cycles[name] if cycles is not None else exe.phases[name]["cycles"]) for name in streamed)
         fmacs = sum(exe.phases[name]["fmacs"] for name in streamed)
-        util = fmacs / (exe.config.num_pes * cycles) if cycles else 0.0
-        return StepResult(loss=loss, correct=correct, logits=logits, grads=out.grads,
-                          cycles=int(sum(out.cycles.values())), fmac_utilization=float(util), phases=dict(out.cycles))
+        return float(fmacs / (exe.config.num_pes * count)) if count else 0.0
+
+    @property
+    def supports_shards(self) -> bool:
+        """Whether the backend runs part of a step (:meth:`train_shard`, the SwarmX hook)."""
+        return type(self.backend).run_shard is not Backend.run_shard
 
     def train_shard(self, x, y, weights: Mapping, *, n: int, columns: range):
         """One system's share of a data-parallel step: the tokens of ``columns`` (the SwarmX hook).

@@ -6,18 +6,20 @@ One step of a global batch on N systems (``docs/swarmx.md``):
    executable's layout) are dealt to the systems in contiguous runs of
    columns (:func:`column_shards`); every system reads the same global batch
    and keeps its tokens;
-2. every tensor is broadcast from the MemoryX shards to every system, layer
-   by layer in streaming order;
+2. every tensor is broadcast from the MemoryX shards to every system
+   (:meth:`~wse.host.memoryx.ShardedMemoryX.all_weights`: each shard sends its
+   slices of every tensor, read in streaming order, in one message);
 3. each system runs its tokens through the hook :meth:`System.train_shard`,
    which returns one partial weight-gradient sum per column, exactly the
    values the single system's gradient row chain would add, with every loss
    delta scaled by ``1/n`` of the *global* batch;
-4. the partial sums are reduced, tensor by tensor in reverse streaming order
-   (gradients leave the wafer last layer first), each slice straight to the
-   MemoryX shard that owns it, in the fixed ``"chain"`` order: ``+0``, then
-   column 0, column 1, ... of system 0, then those of system 1, and so on,
-   which is the single system's row chain, so the gradient is the single
-   system's bit for bit;
+4. the partial sums are reduced straight to the MemoryX shard that owns each
+   slice, one reduction per shard holding its slices of every tensor side by
+   side (reverse streaming order: gradients leave the wafer last layer
+   first), in the fixed ``"chain"`` order: ``+0``, then column 0, column 1,
+   ... of system 0, then those of system 1, and so on, which is the single
+   system's row chain, so the gradient is the single system's bit for bit
+   (packing tensors side by side changes no element's sum);
 5. the shards step their slices; system 0 gathers the logits and computes
    the loss and the count of correct predictions, which every system returns.
 """
@@ -32,10 +34,10 @@ import numpy as np
 from wse.config import UsageError
 from wse.firmware.kernels.common import block_partition
 
-from .links import LinkModel
+from .links import LinkModel, PhaseTraffic
 
 __all__ = ["ShardResult", "System", "DataParallel", "DataParallelResult", "column_shards", "token_blocks",
-           "mean_cross_entropy"]
+           "phase_traffic", "mean_cross_entropy"]
 
 
 @dataclasses.dataclass
@@ -97,6 +99,24 @@ def token_blocks(executable) -> list[range]:
     """The token block of each column of a compiled executable (``layout["token_start"]``, ``["tokens"]``)."""
     layout = executable.layout
     return [range(int(s), int(s) + int(c)) for s, c in zip(layout["token_start"], layout["tokens"])]
+
+
+def phase_traffic(executable, sequence: str = "train") -> list[PhaseTraffic]:
+    """The phases of a compiled executable's ``sequence`` with the tensors each streams in or out.
+
+    A phase's ``broadcast_bytes`` are the float32 bytes of the tensors its
+    weight streams carry (``streams_in``), its ``reduce_bytes`` those of the
+    gradients it streams out (``streams_out``); ``cycles`` are the phase's
+    fabric cycles from the executable's static cycle model.
+    """
+    shapes = executable.parameters()
+
+    def nbytes(streams) -> int:
+        names = {name for stream in streams for name in stream["tensors"]}
+        return sum(4 * int(np.prod(shapes[name], dtype=np.int64)) for name in names)
+
+    return [PhaseTraffic(name, int(phase["cycles"]), nbytes(phase["streams_in"]), nbytes(phase["streams_out"]))
+            for name, phase in ((name, executable.phases[name]) for name in executable.sequences[sequence])]
 
 
 def mean_cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
@@ -201,7 +221,7 @@ class DataParallel:
             raise UsageError(f"the global batch must be float32 x and int64 y of 1 to {self.batch} samples, not "
                              f"{x.dtype} {list(x.shape)} and {y.dtype} {list(y.shape)}")
         group, memoryx = self.group, self.memoryx
-        weights = dict(memoryx.stream_weights())
+        weights = memoryx.all_weights()
         mine = self._tokens_of(group.rank, n)
         names = memoryx.names()
         if len(self.columns):
@@ -214,47 +234,57 @@ class DataParallel:
         else:
             partials = {name: np.zeros((0, *memoryx.shape(name)), np.float32) for name in names}
             logits, cycles = None, 0
-        grads = {name: np.empty(len(memoryx.local_range(name)), np.float32) for name in names}
-        works = []
+        flats = {}
         for name in reversed(names):
             stack = np.asarray(partials[name])
             expected = (len(self.columns), *memoryx.shape(name))
             if stack.dtype != np.float32 or stack.shape != expected:
                 raise UsageError(f"gradient partial sums of {name!r} must be float32 {list(expected)}, "
                                  f"not {stack.dtype} {list(stack.shape)}")
-            flat = stack.reshape(len(self.columns), int(np.prod(expected[1:], dtype=np.int64)))
-            for owner, span in enumerate(memoryx.shard_map.ranges(name)):
-                part = np.ascontiguousarray(flat[:, span.start:span.stop])
-                out = grads[name] if owner == group.rank else None
-                works.append(group.reduce_partials(part, owner, out=out, async_op=True))
+            flats[name] = stack.reshape(len(self.columns), int(np.prod(expected[1:], dtype=np.int64)))
+        # One reduction per MemoryX shard: its slices of every tensor, in reverse streaming order, side by side.
+        # Each element's sum is still the chain over the same partial sums, so packing changes no bit.
+        packed = None
+        works = []
+        for owner in range(group.size):
+            spans = [(name, memoryx.shard_map.range(name, owner)) for name in flats]
+            part = np.concatenate([flats[name][:, span.start:span.stop] for name, span in spans], axis=1)
+            out = None
+            if owner == group.rank:
+                packed = out = np.empty(part.shape[1], np.float32)
+            works.append(group.reduce_partials(part, owner, out=out, async_op=True))
         for work in works:
             work.wait()
+        grads, offset = {}, 0
+        for name in flats:
+            size = len(memoryx.local_range(name))
+            grads[name] = packed[offset:offset + size]
+            offset += size
         applied = memoryx.apply_gradients(grads)
         return self._summary(n, y, logits, cycles, applied)
 
     def _summary(self, n: int, y: np.ndarray, logits, cycles: int, applied: bool) -> DataParallelResult:
         group, root = self.group, self.group.rank == 0
         counts = [len(self._tokens_of(r, n)) for r in range(group.size)]
-        classes = np.zeros(1, np.int64)
-        if root:
-            classes[0] = logits.shape[1]       # system 0 always holds token 0
-        group.broadcast(classes, 0)
-        mine = np.zeros((counts[group.rank], int(classes[0])), np.float32) if logits is None else \
-            np.ascontiguousarray(logits, np.float32)
-        if mine.shape != (counts[group.rank], int(classes[0])):
+        mine = np.zeros((0, 0), np.float32) if logits is None else np.ascontiguousarray(logits, np.float32)
+        if mine.ndim != 2 or mine.shape[0] != counts[group.rank]:
             raise UsageError(f"the system returned logits of shape {list(mine.shape)}, expected "
-                             f"{[counts[group.rank], int(classes[0])]}")
-        parts = [np.empty((c, int(classes[0])), np.float32) for c in counts] if root else None
+                             f"[{counts[group.rank]}, classes]")
+        headers = [np.zeros(2, np.int64) for _ in counts] if root else None
+        group.gather(np.array([cycles, mine.shape[1]], np.int64), headers, 0)
+        classes = mine.shape[1]                        # system 0 always holds token 0
+        if root and any(int(h[1]) != classes for h, c in zip(headers, counts) if c):
+            raise UsageError(f"the systems returned logits of {sorted({int(h[1]) for h in headers})} classes; "
+                             "they must agree")
+        parts = [np.empty((c, classes), np.float32) for c in counts] if root else None
         group.gather(mine, parts, 0)
-        all_cycles = [np.zeros(1, np.int64) for _ in counts] if root else None
-        group.gather(np.array([cycles], np.int64), all_cycles, 0)
         summary = np.zeros(3, np.float64)
         everything = None
         if root:
             everything = np.concatenate(parts)
             summary[:] = (mean_cross_entropy(everything, y),
                           np.count_nonzero(np.argmax(everything, axis=1) == y),
-                          max(int(c[0]) for c in all_cycles))
+                          max(int(h[0]) for h in headers))
         group.broadcast(summary, 0)
         compute = int(summary[2])
         sizes = [4 * int(np.prod(self.memoryx.shape(name), dtype=np.int64)) for name in self.memoryx.names()]

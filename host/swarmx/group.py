@@ -33,6 +33,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from numba import njit
 
 from wse.config import UsageError
 from wse.sim.golden import numerics
@@ -46,8 +47,34 @@ __all__ = ["Group", "Work", "REDUCE_ORDERS", "fold_partials", "run_inprocess", "
 REDUCE_ORDERS = ("chain", "tree")
 
 
+_FLT_MIN = np.float32(2.0 ** -126)
+_ZERO = np.float32(0.0)
+
+
+@njit(inline="always")
+def _flushed(value):
+    """``value``, or a zero of its sign where it is subnormal (the fabric's operand and result flushing)."""
+    if value != 0 and abs(value) < _FLT_MIN:
+        return value * _ZERO
+    return value
+
+
+@njit(fastmath=False, cache=True)
+def _fold_rows(acc, parts):
+    """``acc[i] = (((acc[i] + parts[0, i]) + parts[1, i]) + ...)`` with flushed operands and results."""
+    for i in range(acc.shape[0]):
+        acc[i] = _flushed(acc[i])
+    for j in range(parts.shape[0]):          # row by row: memory in order
+        for i in range(acc.shape[0]):
+            acc[i] = _flushed(acc[i] + _flushed(parts[j, i]))
+
+
 def fold_partials(partials, acc=None) -> np.ndarray:
     """``acc + partials[0] + partials[1] + ...`` left to right with the fabric's binary32 add.
+
+    The add is :func:`wse.sim.golden.numerics.vadd`'s: IEEE round to nearest
+    even, subnormal operands and results flushed to zeros of their sign, NaN
+    results canonical (a compiled loop that gives its bits; tested against it).
 
     Parameters
     ----------
@@ -59,13 +86,19 @@ def fold_partials(partials, acc=None) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        float32 of ``shape`` (a new array).
+        float32 of ``shape`` (a new array; ``acc``'s bits unchanged when ``k`` is 0).
     """
     partials = np.asarray(partials)
-    bits = np.zeros(partials.shape[1:], np.uint32) if acc is None else numerics.as_bits(acc).copy()
-    for part in partials:
-        bits = numerics.vadd(bits, numerics.as_bits(part))
-    return numerics.as_float(bits).reshape(partials.shape[1:])
+    shape = partials.shape[1:]
+    out = np.zeros(shape, np.float32) if acc is None else numerics.as_float(numerics.as_bits(acc).copy())
+    out = out.reshape(shape)
+    if len(partials):
+        flat = out.reshape(-1)
+        _fold_rows(flat, numerics.as_float(numerics.as_bits(partials)).reshape(len(partials), flat.size))
+        nan = np.isnan(flat)
+        if nan.any():
+            flat.view(np.uint32)[nan] = numerics.CANONICAL_NAN
+    return out
 
 
 def _array(tensor: Any, what: str, *, writable: bool = True) -> np.ndarray:
@@ -364,6 +397,8 @@ def run_inprocess(fn: Callable[..., Any], systems: int, *args: Any, timeout: flo
     Exception
         The first error of a system that failed on its own (by rank); a
         :class:`PeerError` only when every failure is one.
+    KeyboardInterrupt
+        Once every system has stopped at its next transfer (or finished).
     """
     hub = InProcessHub(systems)
     if reduce_order not in REDUCE_ORDERS:
@@ -384,8 +419,15 @@ def run_inprocess(fn: Callable[..., Any], systems: int, *args: Any, timeout: flo
     threads = [threading.Thread(target=system, args=(r,), name=f"swarmx-system-{r}") for r in range(systems)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:           # stop every system at its next transfer, then give up
+        for rank in range(systems):
+            hub.fail(rank, KeyboardInterrupt())
+        for thread in threads:
+            thread.join()
+        raise
     failed = [e for e in errors if e is not None]
     if failed:
         own = [e for e in failed if not isinstance(e, PeerError)]

@@ -25,6 +25,22 @@ tensor twice (forward, then backward in reverse order) and reduces its
 gradient once (:meth:`LinkModel.step_cycles`). Sharding MemoryX does not
 change these numbers: every system still receives, and sends, whole tensors.
 
+Overlap (:meth:`LinkModel.streamed_step`). Weights stream into the fabric
+while it computes with them, and gradients stream out while it computes them
+(the training timing of weight streaming: the incoming stream keeps the fabric
+busy). A phase of a step therefore lasts ``max(fabric cycles, transfer
+cycles at link rate)``, plus the latency its transfer exposes:
+
+- a phase fed by a broadcast waits for the first wavelet: ``links * hop_latency``
+  of the broadcast tree (the fabric has no buffer to take weights early);
+- a reduction's latency overlaps the phases after it (links are full duplex:
+  gradients go up while the next weights come down), except the step's last
+  reduction, which MemoryX needs before the next step's first broadcast.
+
+MemoryX's optimizer update is not modelled (its shards update elementwise in
+parallel with the streams). Without overlap (:meth:`LinkModel.step_cycles`,
+:attr:`StepCycles.serial`) every transfer is added to the fabric's cycles.
+
 The defaults (:data:`DEFAULT_WAVELETS_PER_CYCLE`, :data:`DEFAULT_HOP_LATENCY`)
 are this project's choice, documented in ``docs/swarmx.md``;
 :meth:`LinkModel.for_fabric` matches a link to a fabric's weight intake (one
@@ -35,11 +51,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from wse.config import DATA_BITS, FabricConfig, UsageError
 
-__all__ = ["LinkModel", "DEFAULT_WAVELETS_PER_CYCLE", "DEFAULT_HOP_LATENCY", "WAVELET_BYTES"]
+__all__ = ["LinkModel", "PhaseTraffic", "StepCycles", "DEFAULT_WAVELETS_PER_CYCLE", "DEFAULT_HOP_LATENCY",
+           "WAVELET_BYTES"]
 
 #: Payload bytes of one wavelet.
 WAVELET_BYTES = DATA_BITS // 8
@@ -53,6 +70,65 @@ def _count(value, name: str, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise UsageError(f"{name} must be an integer >= {low}, not {value!r}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTraffic:
+    """One phase of a training step as SwarmX sees it.
+
+    Members
+    -------
+    name : str
+        The phase (e.g. ``"fwd fc1"``).
+    cycles : int
+        Fabric cycles of the phase on one system.
+    broadcast_bytes : int
+        Bytes of the weights the phase streams in from MemoryX.
+    reduce_bytes : int
+        Bytes of the gradients the phase streams out to MemoryX.
+    """
+
+    name: str
+    cycles: int
+    broadcast_bytes: int = 0
+    reduce_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCycles:
+    """SwarmX's share of one training step on ``systems`` systems (:meth:`LinkModel.streamed_step`).
+
+    Members
+    -------
+    systems : int
+        Systems in the group.
+    compute : int
+        Fabric cycles of one system's step (the sum of the phases' cycles).
+    broadcast : int
+        Cycles of the step's broadcasts, one after another (:meth:`LinkModel.broadcast_cycles` per phase).
+    reduce : int
+        Cycles of the step's reductions, one after another (:meth:`LinkModel.reduce_cycles` per phase).
+    serial : int
+        ``compute + broadcast + reduce``: the step without overlap.
+    overlapped : int
+        The step with streams overlapping the fabric's work (module docstring).
+    """
+
+    systems: int
+    compute: int
+    broadcast: int
+    reduce: int
+    serial: int
+    overlapped: int
+
+    @property
+    def exposed(self) -> int:
+        """Communication cycles the overlapped step does not hide: ``overlapped - compute``."""
+        return self.overlapped - self.compute
+
+    def to_dict(self) -> dict:
+        """JSON-ready form, with :attr:`exposed`."""
+        return {**dataclasses.asdict(self), "exposed": self.exposed}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,3 +193,35 @@ class LinkModel:
         two broadcasts (forward and backward pass) and one reduction of its gradient."""
         return sum(2 * self.broadcast_cycles(b, systems) + self.reduce_cycles(b, systems, order)
                    for b in tensor_bytes)
+
+    def latency(self, systems: int, order: str = "tree") -> int:
+        """Cycles a wavelet takes along the longest path (``links * hop_latency``)."""
+        return self.links(systems, order) * self.hop_latency
+
+    def stream_cycles(self, nbytes: int) -> int:
+        """Cycles a link needs to carry ``nbytes`` bytes, latency aside: ``ceil(W / wavelets_per_cycle)``."""
+        return math.ceil(self.wavelets(nbytes) / self.wavelets_per_cycle)
+
+    def streamed_step(self, phases: Sequence[PhaseTraffic], systems: int, order: str = "chain") -> StepCycles:
+        """SwarmX and fabric cycles of a step made of ``phases`` (in execution order) on ``systems`` systems.
+
+        See the module docstring for the overlap model. Phases without
+        traffic (e.g. the loss) add their fabric cycles only.
+        """
+        systems = _count(systems, "systems", 1)
+        compute = broadcast = reduce = overlapped = 0
+        pending = 0          # latency of the last reduction not yet hidden by the phases after it
+        for phase in phases:
+            cycles = _count(int(phase.cycles), "phase cycles", 0)
+            into, out = int(phase.broadcast_bytes), int(phase.reduce_bytes)
+            compute += cycles
+            span = cycles
+            if into:
+                broadcast += self.broadcast_cycles(into, systems)
+                span = max(span, self.stream_cycles(into)) + self.latency(systems, "tree")
+            if out:
+                reduce += self.reduce_cycles(out, systems, order)
+                span = max(span, self.stream_cycles(out))
+            overlapped += span
+            pending = self.latency(systems, order) if out else max(0, pending - span)
+        return StepCycles(systems, compute, broadcast, reduce, compute + broadcast + reduce, overlapped + pending)

@@ -24,6 +24,7 @@ import abc
 import datetime
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -188,6 +189,15 @@ def _env_int(name: str) -> int:
         raise UsageError(f"environment variable {name} must be an integer, not {value!r}") from None
 
 
+def _gloo_reason(text: str) -> str:
+    """The cause in a gloo error, without its source location and advice:
+    ``[.../pair.cc:537] Read error [127.0.0.1]:53662: Connection reset by peer. This is ...``
+    gives ``Read error [127.0.0.1]:53662: Connection reset by peer``."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    first = re.sub(r"^\[[^\]]*:\d+\]\s*", "", first)
+    return first.split(". ", 1)[0].rstrip(".")
+
+
 class GlooTransport(Transport):
     """One process per system: ``torch.distributed`` point-to-point calls on the gloo backend.
 
@@ -246,15 +256,15 @@ class GlooTransport(Transport):
                             [] if agent else [0]) from None
         keys = [f"{prefix}/join/{r}" for r in range(size)]
         store.set(keys[rank], f"{socket.gethostname()}:{os.getpid()}")
-        try:
-            store.wait(keys, join)
-        except Exception:            # noqa: BLE001 - a timeout; find out who is missing
-            absent = [r for r, key in enumerate(keys) if not store.check([key])]
-            if absent:
-                names = ", ".join(str(r) for r in absent)
-                raise PeerError(f"SwarmX system{'s' if len(absent) > 1 else ''} {names} of {size} did not join "
-                                f"within {join_timeout:g} s (seen from system {rank})", absent) from None
-            raise
+        deadline = time.monotonic() + join_timeout
+        while not store.check(keys):       # polled: a blocking wait would log its timeout from C++
+            if time.monotonic() > deadline:
+                absent = [r for r, key in enumerate(keys) if not store.check([key])]
+                if absent:
+                    names = ", ".join(str(r) for r in absent)
+                    raise PeerError(f"SwarmX system{'s' if len(absent) > 1 else ''} {names} of {size} did not "
+                                    f"join within {join_timeout:g} s (seen from system {rank})", absent)
+            time.sleep(_POLL)
         self._where = {r: store.get(keys[r]).decode() for r in range(size)}
         pg_store = dist.PrefixStore(f"{prefix}/pg", store)
         try:
@@ -272,9 +282,8 @@ class GlooTransport(Transport):
         text = str(exc)
         if "Timed out" in text or "timed out" in text:
             return PeerError(f"{self.peer(peer)} did not answer within {self.timeout:g} s during {during}", [peer])
-        first = text.splitlines()[0] if text else type(exc).__name__
-        return PeerError(f"{self.peer(peer)} is unreachable: the connection failed during {during} ({first})",
-                         [peer])
+        return PeerError(f"{self.peer(peer)} is unreachable: the connection failed during {during} "
+                         f"({_gloo_reason(text) or type(exc).__name__})", [peer])
 
     @staticmethod
     def _bytes(array: np.ndarray):
