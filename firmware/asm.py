@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wse.atomic import read_input
 from wse.config import FabricConfig, UsageError
 
 from . import isa
@@ -709,10 +710,8 @@ def assemble_file(path, config: FabricConfig | None = None, defines: dict[str, i
     unreadable file raises :class:`~wse.config.UsageError`."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_input(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     return assemble(text, str(path), config, defines)
 

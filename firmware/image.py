@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wse.atomic import atomic_open
+from wse.atomic import atomic_open, read_input
 from wse.config import FabricConfig, UsageError
 
 __all__ = ["TaskEntry", "Symbol", "Program", "MAGIC", "VERSION"]
@@ -283,12 +283,7 @@ class Program:
             message names the file and what was expected.
         """
         path = Path(path)
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            raise UsageError(f"{path}: no such file") from None
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        blob = read_input(path)
         return cls.from_bytes(blob, str(path))
 
     @classmethod

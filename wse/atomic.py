@@ -1,4 +1,5 @@
-"""Writing files atomically: a reader sees the old file or the complete new one."""
+"""Files written atomically (a reader sees the old file or the complete new one), and files read
+with one clear error for a missing or unreadable one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_open"]
+from .config import UsageError
+
+__all__ = ["atomic_open", "read_input"]
 
 
 @contextlib.contextmanager
@@ -40,3 +43,21 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def read_input(path: str | os.PathLike) -> bytes:
+    """The bytes of a file a user named.
+
+    Raises
+    ------
+    UsageError
+        ``"<path>: no such file"`` when it is missing, ``"cannot read <path>: <reason>"``
+        when it cannot be read.
+    """
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wse.atomic import atomic_open
+from wse.atomic import atomic_open, read_input
 from wse.config import FabricConfig, UsageError
 from wse.firmware.image import Program
 
@@ -153,12 +153,7 @@ class Executable:
             If the file is missing or is not a valid executable of this version.
         """
         path = Path(path)
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            raise UsageError(f"{path}: no such file") from None
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        blob = read_input(path)
         try:
             with np.load(io.BytesIO(blob), allow_pickle=False) as data:
                 arrays = {key: data[key] for key in data.files}
