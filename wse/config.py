@@ -15,7 +15,7 @@ import re
 __all__ = [
     "FabricConfig", "Port", "UsageError",
     "WAVELET_BITS", "DATA_BITS", "COLOR_BITS", "CTRL_BITS",
-    "pack_wavelet", "unpack_wavelet", "parse_mesh",
+    "pack_wavelet", "unpack_wavelet", "parse_mesh", "route_outputs",
 ]
 
 
@@ -66,6 +66,31 @@ class Port(enum.IntEnum):
 
 #: Route-table input code meaning "this color is not routed here".
 ROUTE_INPUT_NONE = 7
+
+
+def route_outputs(x: int, y: int, outputs, width: int, height: int) -> tuple[int, list[tuple[Port, int | None]]]:
+    """Where a route's ``outputs`` at router ``(x, y)`` of a ``width`` x ``height`` mesh lead.
+
+    Returns ``(mask, targets)``: the route table's output bit mask and, for
+    each distinct port in the order given (repeats ignored), ``(port,
+    neighbour)`` where ``neighbour`` is the row-major index of the router
+    the port's link reaches, or None for ``RAMP`` and for a port on the
+    mesh edge (tell them apart by the port).
+    """
+    mask, targets = 0, []
+    for port in outputs:
+        port = Port(port)
+        if mask >> port & 1:
+            continue
+        mask |= 1 << port
+        neighbour = None
+        if port is not Port.RAMP:
+            dx, dy = port.delta
+            nx, ny = x + dx, y + dy
+            if 0 <= nx < width and 0 <= ny < height:
+                neighbour = ny * width + nx
+        targets.append((port, neighbour))
+    return mask, targets
 
 _MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE
+from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE, route_outputs
 from wse.firmware.image import Program
 from wse.firmware.training import timing
 
@@ -47,25 +47,17 @@ class Network:
         for x, y, color, inp, outputs in routes:
             r = y * W + x
             self.route_in[r, color] = ROUTE_INPUT_NONE if inp is None else int(Port(inp))
-            mask, k = 0, 0
-            for port in outputs:
-                port = Port(port)
-                if mask >> port & 1:
-                    continue
-                mask |= 1 << port
+            mask, outs = route_outputs(x, y, outputs, W, H)
+            for k, (port, neighbour) in enumerate(outs):
                 if port is Port.RAMP:
                     self.kind[r, color, k], self.index[r, color, k] = _K_PE, r
+                elif neighbour is not None:
+                    self.kind[r, color, k], self.index[r, color, k] = _K_ROUTER, neighbour
+                    self.opp[r, color, k] = int(port.opposite)
                 else:
-                    dx, dy = port.delta
-                    nx, ny = x + dx, y + dy
-                    if 0 <= nx < W and 0 <= ny < H:
-                        self.kind[r, color, k], self.index[r, color, k] = _K_ROUTER, ny * W + nx
-                        self.opp[r, color, k] = int(port.opposite)
-                    else:
-                        self.kind[r, color, k] = _K_EDGE
-                k += 1
+                    self.kind[r, color, k] = _K_EDGE
             self.mask[r, color] = mask
-            self.ntgt[r, color] = k
+            self.ntgt[r, color] = len(outs)
 
     def port(self, edge: str, index: int) -> tuple[int, int]:
         """(boundary router, port code) of edge port ``(edge, index)``."""

@@ -16,7 +16,7 @@ from typing import Iterable
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE
+from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE, route_outputs
 
 from .errors import FabricHang
 from .hostargs import HostArgs, Rect, stream_words
@@ -96,19 +96,13 @@ class Fabric(HostArgs):
         r = self.pe(x, y).index
         self._check_color(color)
         in_code = ROUTE_INPUT_NONE if input is None else int(Port(input))
-        mask, targets = 0, []
-        for port in outputs:
-            port = Port(port)
-            if mask >> port & 1:
-                continue
-            mask |= 1 << port
+        mask, outs = route_outputs(x, y, outputs, self.width, self.height)
+        targets = []
+        for port, neighbour in outs:
             if port is Port.RAMP:
                 targets.append((port, _T_PE, r, None))
-                continue
-            dx, dy = port.delta
-            nx, ny = x + dx, y + dy
-            if 0 <= nx < self.width and 0 <= ny < self.height:
-                targets.append((port, _T_ROUTER, ny * self.width + nx, int(port.opposite)))
+            elif neighbour is not None:
+                targets.append((port, _T_ROUTER, neighbour, int(port.opposite)))
             else:
                 index = x if port in (Port.N, Port.S) else y
                 targets.append((port, _T_EDGE, (port.name, index, color), None))
