@@ -190,7 +190,7 @@ def _eval(node, lookup) -> int:
 
 
 def _float_bits(text: str) -> int:
-    from wse.sim.golden.numerics import CANONICAL_NAN, f2b  # lazy: keeps the import graph acyclic
+    from wse.numerics import CANONICAL_NAN, f2b
     lit = text.strip().lower()
     if lit.lstrip("+-") in ("inf", "infinity", "nan") or _FLOAT_RE.fullmatch(lit):
         value = float(lit)

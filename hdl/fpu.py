@@ -6,7 +6,7 @@ scalar and vector datapaths, and :class:`FPU`, the pipelined add / multiply /
 multiply-accumulate unit behind a pair of streams.
 
 Every block gives, bit for bit, the result of the same-named function of
-:mod:`wse.sim.golden.numerics`: subnormal operands are read as zero of the
+:mod:`wse.numerics`: subnormal operands are read as zero of the
 same sign; add, subtract and multiply round to nearest even with gradual
 underflow and then replace a subnormal result by zero of the same sign; overflow
 gives a signed infinity; every NaN result is ``0x7fc00000``.

@@ -4,7 +4,7 @@ The blocks of :mod:`wse.hdl.fpu` are wrapped in one :class:`FPUCheckTop`,
 exported to Verilog and compiled by Verilator together with the C++ harness in
 ``hdl/verilator_harness/fpu_tb.cpp``, which evaluates the model over a file of
 operand pairs with no Python in the loop. The results are compared bit for bit
-with :mod:`wse.sim.golden.numerics`.
+with :mod:`wse.numerics`.
 
 The compiled harness is cached under ``build/fpucheck/<hash>/`` (the hash
 covers the Verilog, the harness source, the Verilator version and the build
@@ -36,7 +36,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import UsageError
 from ..tooling import build_dir as tool_build_dir, verilator_env
-from ..sim.golden import numerics
+from wse import numerics
 from .fpu import FPAdd, FPLt, FPMax, FPMul, FToI, IToF
 
 __all__ = ["CheckOp", "FPUCheckTop", "OPS", "GOLDEN", "SPECIALS", "operands",

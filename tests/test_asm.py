@@ -17,7 +17,7 @@ from wse.config import FabricConfig, UsageError
 from wse.firmware import isa
 from wse.firmware.asm import MAX_ERRORS, AsmError, assemble, assemble_file, disassemble, format_instruction
 from wse.firmware.image import Program, Symbol, TaskEntry
-from wse.sim.golden.numerics import CANONICAL_NAN, f2b
+from wse.numerics import CANONICAL_NAN, f2b
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = FabricConfig()

@@ -14,7 +14,7 @@ from amaranth.sim import Simulator
 from wse.config import UsageError
 from wse.hdl import fpucheck
 from wse.hdl.fpu import FPU, FPAdd, FPLt, FPMax, FPMul, FPUOp, FToI, IToF
-from wse.sim.golden import numerics
+from wse import numerics
 
 SPECIALS = fpucheck.SPECIALS
 

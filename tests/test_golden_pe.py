@@ -6,7 +6,7 @@ import pytest
 from wse.config import FabricConfig, Port
 from wse.firmware.asm import assemble
 from wse.sim.golden import Fabric, FabricHang, ProgramFault
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 ONE = FabricConfig(width=1, height=1, colors=8)
 

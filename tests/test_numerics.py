@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 bits32 = st.integers(min_value=0, max_value=0xFFFFFFFF)
 

@@ -19,7 +19,7 @@ from wse.host.memoryx import MemoryX, ShardedMemoryX, read_checkpoint
 from wse.host.swarmx import (DataParallel, LinkModel, PeerError, ReferenceSystem, ShardResult, column_shards,
                              fold_partials, run_inprocess)
 from wse.host.swarmx.selfcheck import reference_data, train_reference
-from wse.sim.golden import numerics
+from wse import numerics
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

@@ -212,11 +212,11 @@ def test_streamed_step_cycles():
 
 
 def test_the_compiled_fold_is_the_fabric_add():
-    """fold_partials (a compiled loop) against wse.sim.golden.numerics.vadd, one partial sum after another."""
+    """fold_partials (a compiled loop) against wse.numerics.vadd, one partial sum after another."""
     import numpy as np
 
     from wse.host.swarmx import fold_partials
-    from wse.sim.golden import numerics
+    from wse import numerics
 
     specials = np.array([0x0, 0x80000000, 0x1, 0x80000001, 0x007FFFFF, 0x00800000, 0x80800000, 0x7F800000,
                          0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC12345, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000,

@@ -2,7 +2,7 @@
 lay data out over any mesh, route it, run it and check it bit for bit.
 
 Each kernel documents the order of its float operations; its reference
-computes exactly that order with :mod:`wse.sim.golden.numerics`, so a run is
+computes exactly that order with :mod:`wse.numerics`, so a run is
 either bit exact or wrong.
 
 =============  ================================================================

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse.config import FabricConfig
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 from .common import Kernel, kernel_program, write_params, write_per_pe
 from .slices import SlicePlan, plan_slices

@@ -29,7 +29,7 @@ from wse.config import FabricConfig, Port, UsageError
 from wse.firmware.asm import assemble_file
 from wse.firmware.image import Program
 from wse.sim.golden import Fabric
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 __all__ = [
     "Route", "block_partition", "mesh_slices", "row_cells", "column_cells", "line_cells",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse.config import FabricConfig, Port
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 from .common import (Kernel, chain_color_grids, chain_out_color, chain_routes, column_cells, kernel_program,
                      mesh_coordinates, row_cells, write_params, write_per_pe)

@@ -23,7 +23,7 @@ import numpy as np
 
 from wse.config import FabricConfig, Port
 from wse.firmware.image import Program
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 from .common import (Kernel, block_partition, chain_color_grids, chain_out_color, chain_routes, column_cells,
                      kernel_program, mesh_coordinates, multicast_routes, row_cells, write_params, write_per_pe)

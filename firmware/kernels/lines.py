@@ -21,7 +21,7 @@ import numpy as np
 
 from wse.config import FabricConfig
 from wse.firmware.image import Program
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 from .common import (Kernel, chain_color_grids, chain_out_color, chain_routes, kernel_program, line_cells,
                      mesh_coordinates, multicast_routes, read_per_pe, write_params, write_per_pe)

@@ -2,7 +2,7 @@
 instruction: ``exp``, the reciprocal and the softmax cross-entropy delta.
 
 Each function here computes, bit for bit, what ``train.s`` computes, with the
-fabric's binary32 rules (:mod:`wse.sim.golden.numerics`): it is both the
+fabric's binary32 rules (:mod:`wse.numerics`): it is both the
 reference the firmware is tested against and the implementation the
 functional backend runs. The constants are defined once, here, and handed to
 the assembler by :func:`assembler_defines`.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 __all__ = ["EXP_CONSTANTS", "EXP_COEFFS", "RCP_MAGIC", "exp", "reciprocal", "softmax_delta",
            "assembler_defines"]

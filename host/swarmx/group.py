@@ -8,7 +8,7 @@ with ``wait()``). The algorithms are written once, on top of a
 the in-process and gloo transports give the same bits.
 
 Determinism rule (``docs/swarmx.md``): a reduction adds with the fabric's
-binary32 add (:func:`wse.sim.golden.numerics.vadd`: round to nearest even,
+binary32 add (:func:`wse.numerics.vadd`: round to nearest even,
 subnormals flushed, canonical NaN) in an order fixed by the ranks alone, never
 by arrival times.
 
@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from wse.config import UsageError
-from wse.sim.golden import numerics
+from wse import numerics
 
 from .transport import (DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, GlooTransport, InProcessHub, InProcessTransport,
                         PeerError, Transport)
@@ -72,7 +72,7 @@ def _fold_rows(acc, parts):
 def fold_partials(partials, acc=None) -> np.ndarray:
     """``acc + partials[0] + partials[1] + ...`` left to right with the fabric's binary32 add.
 
-    The add is :func:`wse.sim.golden.numerics.vadd`'s: IEEE round to nearest
+    The add is :func:`wse.numerics.vadd`'s: IEEE round to nearest
     even, subnormal operands and results flushed to zeros of their sign, NaN
     results canonical (a compiled loop that gives its bits; tested against it).
 

@@ -28,7 +28,7 @@ import numpy as np
 from wse.config import UsageError
 from wse.firmware.kernels.common import block_partition
 from wse.firmware.training import numerics as fw_numerics
-from wse.sim.golden import numerics as fp
+from wse import numerics as fp
 
 from .data_parallel import ShardResult, mean_cross_entropy
 

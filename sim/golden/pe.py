@@ -18,7 +18,7 @@ from wse.firmware import isa
 from wse.firmware.asm import format_instruction
 from wse.firmware.isa import DsdKind
 
-from . import numerics as fp
+from wse import numerics as fp
 from .errors import ProgramFault
 
 __all__ = ["PE", "compile_program"]
