@@ -47,6 +47,9 @@ def test_scalar_costs_and_task_select():
     assert word(fab, prog, "y")[0] == 42
     counters = fab.counters()["pe"]
     assert counters["busy"][0, 0] == 7 and counters["instructions"][0, 0] == 5 and counters["tasks"][0, 0] == 1
+    # The registers read back through the host API, as on the RTL devices: 16 words, r0 reads 0.
+    assert fab.registers(0, 0) == [0, 2, 40, 42] + [0] * 12
+    assert all(type(v) is int for v in fab.registers(0, 0))
 
 
 def test_vector_cost_is_n_plus_one_and_r0_is_zero():

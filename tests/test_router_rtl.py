@@ -1,13 +1,14 @@
-"""The router RTL (wse.hdl.router) against the router of the spec, cycle for cycle.
+"""The router RTL (wse.hdl.router) against the golden router, cycle for cycle.
 
-``ref_route`` is a reference written from ``docs/architecture.md`` section 3
-(per-color FIFOs, ``ready`` from start-of-cycle counts, rotating-priority
-grants with atomic multicast); ``rtl_route`` drives the Amaranth router with
-the same seeded traffic: senders on all five inputs offering random colors
-whose ``ready`` bit is high, random backpressure on every output. Both return
-the per-cycle record of every link, which must be equal. Independently of
-the reference, the RTL's deliveries are checked for order, loss, duplication
-and multicast copies, and two directed cases check hand-derived cycles.
+``ref_route`` drives the golden router (:class:`wse.sim.golden.router.Router`,
+the rules of ``docs/architecture.md`` section 3: per-color FIFOs, ``ready``
+from start-of-cycle counts, rotating-priority grants with atomic multicast);
+``rtl_route`` drives the Amaranth router with the same seeded traffic:
+senders on all five inputs offering random colors whose ``ready`` bit is
+high, random backpressure on every output. Both return the per-cycle record
+of every link, which must be equal. Independently of the reference, the RTL's
+deliveries are checked for order, loss, duplication and multicast copies, and
+two directed cases check hand-derived cycles.
 """
 
 import random
@@ -18,6 +19,7 @@ from amaranth.sim import Simulator
 
 from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE, pack_wavelet, unpack_wavelet
 from wse.hdl.router import PORTS, Router, decode_route, encode_route, route_port_signature
+from wse.sim.golden.router import Router as GoldenRouter
 
 RAMP = int(Port.RAMP)
 
@@ -61,38 +63,19 @@ class Traffic:
 
 def ref_route(config, routes, traffic, rotate=True):
     """Per-cycle records ``(ready bits per input, output wavelet or None per port)``
-    of the spec's router; ``rotate=False`` is a deliberately wrong fixed-priority
-    variant used to prove the comparison can fail."""
-    C, depth = config.colors, config.router_depth
-    fifo = [deque() for _ in range(C)]
-    route_in, route_mask = [ROUTE_INPUT_NONE] * C, [0] * C
+    of the golden router; ``rotate=False`` is a deliberately wrong fixed-priority
+    variant (every cycle starts at color 0) used to prove the comparison can fail."""
+    router = GoldenRouter(config)
     for c, (inp, outs) in routes.items():
-        route_in[c], route_mask[c] = decode_route(encode_route(inp, outs))
+        router.write_route(c, encode_route(inp, outs))
     queues = traffic.senders()
     records = []
     for t in range(traffic.cycles):
-        ready_in = [sum((route_in[c] == p and len(fifo[c]) < depth) << c for c in range(C)) for p in range(PORTS)]
+        ready_in = tuple(router.ready())
         offers = [traffic.offer(t, p, ready_in[p], queues) for p in range(PORTS)]
-        out_ready = traffic.out_ready[t]
-        first = t % C if rotate else 0
-        used, grants = 0, []
-        for k in range(C):
-            c = (first + k) % C
-            mask = route_mask[c]
-            if fifo[c] and mask and not mask & used and all(out_ready[p] >> c & 1 for p in range(PORTS) if mask >> p & 1):
-                used |= mask
-                grants.append(c)
-        outputs = [None] * PORTS
-        for c in grants:
-            word = fifo[c].popleft()
-            for p in range(PORTS):
-                if route_mask[c] >> p & 1:
-                    outputs[p] = word
-        for word in offers:
-            if word is not None:
-                fifo[unpack_wavelet(word)[1]].append(word)
-        records.append((tuple(ready_in), tuple(outputs)))
-        if not any(fifo) and not any(q for port in queues for q in port.values()):
+        outputs = router.step(t % config.colors if rotate else 0, offers, traffic.out_ready[t])
+        records.append((ready_in, tuple(outputs)))
+        if router.idle and not any(q for port in queues for q in port.values()):
             break
     return records
 

@@ -4,14 +4,16 @@ backpressure on every port.
 One :class:`RouterBench` owns the clock, the reset, a driver per input port,
 a monitor per output port, the reference and two checkers:
 
-* a scoreboard fed by the golden model: every wavelet a driver hands the
-  router is expected, in order, on every output port that the golden
-  model's route table (:meth:`wse.sim.golden.Fabric.set_route` /
-  ``route``) gives its color; the monitors pop those expectations;
-* a cycle-level reference of ``docs/architecture.md`` sections 3.3 and 3.4
-  (per-color FIFOs, ``ready`` from start-of-cycle counts, grants in
-  rotating order, atomic multicast): every cycle, the router's ``ready``
-  bits and every output port's ``valid`` and payload must equal it.
+* a scoreboard fed by the golden router's route table
+  (:class:`wse.sim.golden.router.Router`, :meth:`~wse.sim.golden.router.Router.set_route`
+  / ``route``): every wavelet a driver hands the router is expected, in
+  order, on every output port that the table gives its color; the monitors
+  pop those expectations;
+* the golden router itself as the cycle-level reference of
+  ``docs/architecture.md`` sections 3.3 and 3.4 (per-color FIFOs, ``ready``
+  from start-of-cycle counts, grants in rotating order, atomic multicast):
+  every cycle, the router's ``ready`` bits and every output port's ``valid``
+  and payload must equal it.
 
 Traffic runs in phases: random routes (each color from one random port to a
 random set of ports, some colors unrouted), random streams on every routed
@@ -34,9 +36,9 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly
 
-from wse.config import ROUTE_INPUT_NONE, Port
+from wse.config import ROUTE_INPUT_NONE, Port, pack_wavelet
 from wse.hdl.router import encode_route
-from wse.sim.golden import Fabric
+from wse.sim.golden.router import Router
 
 from .common import config_from_env, env_int
 
@@ -55,16 +57,14 @@ class RouterBench:
         self.dut = dut
         self.config = config_from_env().with_mesh(1, 1)
         self.colors = self.config.colors
-        self.depth = self.config.router_depth
         self.rng = random.Random(seed)
         self.flip_at = flip_at                       # index of the observed wavelet to corrupt
-        self.golden = Fabric(self.config)            # its route table feeds the scoreboard
+        self.golden = Router(self.config)            # the reference; its route table feeds the scoreboard
         self.rx = [(getattr(dut, f"rx__{p}__valid"), getattr(dut, f"rx__{p}__payload"),
                     getattr(dut, f"rx__{p}__ready")) for p in range(PORTS)]
         self.tx = [(getattr(dut, f"tx__{p}__valid"), getattr(dut, f"tx__{p}__payload"),
                     getattr(dut, f"tx__{p}__ready")) for p in range(PORTS)]
-        # Reference state (spec 3.3-3.4).
-        self.fifo = [deque() for _ in range(self.colors)]
+        # The golden route table, as the drivers and the scoreboard read it.
         self.route_in = [ROUTE_INPUT_NONE] * self.colors
         self.mask = [0] * self.colors
         # Scoreboard: expected wavelets per (output port, color).
@@ -89,7 +89,7 @@ class RouterBench:
         dut.rst.value = 0
 
     async def program_routes(self) -> None:
-        """Random routes through the host port (and into the golden model's table)."""
+        """Random routes through the host port (and into the golden router's table)."""
         dut = self.dut
         for c in range(self.colors):
             if self.rng.random() < 0.2:
@@ -99,8 +99,8 @@ class RouterBench:
                 outputs = [p for p in range(PORTS) if p != source and self.rng.random() < 0.35]
                 if not outputs:
                     outputs = [self.rng.choice([p for p in range(PORTS) if p != source])]
-            self.golden.set_route(0, 0, c, source, outputs)
-            code, ports = self.golden.route(0, 0, c)
+            self.golden.set_route(c, source, outputs)
+            code, ports = self.golden.route(c)
             self.route_in[c] = code
             self.mask[c] = sum(1 << int(p) for p in ports)
             await FallingEdge(dut.clk)
@@ -126,14 +126,15 @@ class RouterBench:
             # Drivers: one wavelet per input port, of a color whose ready bit is high.
             ready_in = [int(ready.value) for _, _, ready in self.rx]
             self.check_ready(ready_in)
-            accepted = []
+            accepted, offers = [], [None] * PORTS
             for p, (valid, payload, _) in enumerate(self.rx):
                 choices = [c for c in by_port[p] if streams[c] and ready_in[p] >> c & 1]
                 if choices and rng.random() < 0.85:
                     c = rng.choice(choices)
                     data, ctrl = streams[c].popleft()
+                    offers[p] = pack_wavelet(data, c, ctrl)
                     valid.value = 1
-                    payload.value = data | c << 32 | ctrl << 37
+                    payload.value = offers[p]
                     accepted.append((c, data, ctrl))
                 else:
                     valid.value = 0
@@ -145,9 +146,8 @@ class RouterBench:
                 ready_out.append(bits)
             await ReadOnly()
             got = [(int(valid.value), int(payload.value)) for valid, payload, _ in self.tx]
-            delivered = self.check_outputs(first, ready_out, got)
+            delivered = self.check_outputs(self.golden.step(first, offers, ready_out), got)
             for c, data, ctrl in accepted:
-                self.fifo[c].append((data, ctrl))
                 for p in range(PORTS):
                     if self.mask[c] >> p & 1:
                         self.expected[p][c].append((data, ctrl))
@@ -163,32 +163,17 @@ class RouterBench:
             valid.value = 0
 
     def check_ready(self, ready_in) -> None:
-        """``ready`` on input port p: the color's route comes from p and its FIFO has room."""
-        for p in range(PORTS):
-            expected = sum(1 << c for c in range(self.colors)
-                           if self.route_in[c] == p and len(self.fifo[c]) < self.depth)
+        """``ready`` on every input port must be the golden router's (route from
+        the port and room in the color's FIFO)."""
+        for p, expected in enumerate(self.golden.ready()):
             if ready_in[p] != expected:
                 raise ScoreboardMismatch(f"cycle {self.cycle}: ready bits of input port {Port(p).name} are "
                                          f"{ready_in[p]:#x}, the reference says {expected:#x}")
 
-    def check_outputs(self, first, ready_out, got) -> int:
-        """Compare the outputs of this cycle with the reference's grants and the
-        scoreboard; apply the pops. Returns the wavelets delivered."""
-        used, grants = 0, []
-        for k in range(self.colors):
-            c = (first + k) % self.colors
-            mask = self.mask[c]
-            if not self.fifo[c] or not mask or mask & used:
-                continue
-            if all(ready_out[p] >> c & 1 for p in range(PORTS) if mask >> p & 1):
-                used |= mask
-                grants.append(c)
-        expected = [None] * PORTS
-        for c in grants:
-            data, ctrl = self.fifo[c].popleft()
-            for p in range(PORTS):
-                if self.mask[c] >> p & 1:
-                    expected[p] = data | c << 32 | ctrl << 37
+    def check_outputs(self, expected, got) -> int:
+        """Compare the outputs of this cycle with the golden router's
+        (``expected``, one packed wavelet or None per port) and the
+        scoreboard. Returns the wavelets delivered."""
         delivered = 0
         for p, (valid, word) in enumerate(got):
             if valid:

@@ -1,11 +1,13 @@
 """The golden fabric model: a mesh of routers and PEs, wavelet by wavelet.
 
 :class:`Fabric` implements ``docs/architecture.md`` sections 2-8 and the host
-API of section 5, which the RTL backends implement too. It is event driven:
-only routers holding wavelets, edge ports with data to inject, PEs with
-something to do at the current cycle and output queues with wavelets are
-looked at, and when nothing can move the clock jumps to the next cycle at
-which a PE has work. Cycle counts are those of stepping everything every cycle.
+API of section 5, which the RTL backends implement too: the routers and edge
+ports of :class:`~wse.sim.golden.router.Routers` joined to the PEs of
+:class:`~wse.sim.golden.pe.PE`. It is event driven: only routers holding
+wavelets, edge ports with data to inject, PEs with something to do at the
+current cycle and output queues with wavelets are looked at, and when nothing
+can move the clock jumps to the next cycle at which a PE has work. Cycle
+counts are those of stepping everything every cycle.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ from typing import Iterable
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE, route_outputs
+from wse.config import FabricConfig, Port
 
+from .decode import compile_program
 from .errors import FabricHang
 from .hostargs import HostArgs, Rect, stream_words
-from .pe import PE, compile_program
+from .pe import PE
+from .router import Routers
 
 __all__ = ["Fabric", "Rect"]
-
-_EDGE_PORTS = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
-_T_ROUTER, _T_PE, _T_EDGE = 0, 1, 2
 
 
 class Fabric(HostArgs):
@@ -47,25 +48,34 @@ class Fabric(HostArgs):
         W, H, C = cfg.width, cfg.height, cfg.colors
         self.width, self.height, self.colors = W, H, C
         self.pes = [PE(self, x, y) for y in range(H) for x in range(W)]
-        n = W * H
-        self.fifo = [[deque() for _ in range(C)] for _ in range(n)]
-        self.route_in = [[ROUTE_INPUT_NONE] * C for _ in range(n)]
-        self.route_mask = [[0] * C for _ in range(n)]
-        self.route_targets: list[list[tuple]] = [[()] * C for _ in range(n)]
-        self.busy_colors = [set() for _ in range(n)]
-        self.active_routers: set[int] = set()
-        # Edge ports: (edge letter, index) -> {color: deque of (data, ctrl)} to inject.
-        self.edge_in: dict[tuple[str, int], dict[int, deque]] = {}
-        self.edge_out: dict[tuple[str, int, int], list] = {}
-        self._edge_router: dict[tuple[str, int], tuple[int, int]] = {}
+        #: The routers and edge ports.
+        self.routers = Routers(cfg, rx=[pe.rx for pe in self.pes], tx=[pe.tx for pe in self.pes])
         self.cycle = 0
         self.cycle_limit = 0
         self.total_cycles = 0
-        self.wavelet_hops = 0
         self._compiled_cache: dict[int, tuple] = {}
         if trace:
             for pe in self.pes:
                 pe.trace = []
+
+    @property
+    def edge_in(self) -> dict[tuple[str, int], dict[int, deque]]:
+        """Wavelets still to inject: ``{(edge, index): {color: deque of (data, ctrl)}}``."""
+        return self.routers.edge_in
+
+    @property
+    def edge_out(self) -> dict[tuple[str, int, int], list]:
+        """Wavelets that left the mesh: ``{(edge, index, color): [(data, ctrl), ...]}`` in order."""
+        return self.routers.edge_out
+
+    @property
+    def wavelet_hops(self) -> int:
+        """Router hops (wavelet copies sent by routers) since the last :meth:`reset_counters`."""
+        return self.routers.hops
+
+    @wavelet_hops.setter
+    def wavelet_hops(self, value: int) -> None:
+        self.routers.hops = value
 
     # ------------------------------------------------------------------ host API
     def _pes_in(self, rect: Rect | None) -> Iterable[PE]:
@@ -77,6 +87,10 @@ class Fabric(HostArgs):
     def pe(self, x: int, y: int) -> PE:
         """The PE model at ``(x, y)``."""
         return self.pes[self._tile(x, y)]
+
+    def registers(self, x: int, y: int) -> list[int]:
+        """The 16 scalar registers of PE ``(x, y)`` (``r0`` reads 0)."""
+        return [int(v) for v in self.pe(x, y).regs]
 
     def load(self, program, rect: Rect | None = None) -> None:
         """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``."""
@@ -93,22 +107,9 @@ class Fabric(HostArgs):
     def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs: Iterable[Port | int]) -> None:
         """Route ``color`` at router ``(x, y)``: accepted from ``input`` (None: not
         routed), sent to every port in ``outputs``."""
-        r = self.pe(x, y).index
+        self._tile(x, y)
         self._check_color(color)
-        in_code = ROUTE_INPUT_NONE if input is None else int(Port(input))
-        mask, outs = route_outputs(x, y, outputs, self.width, self.height)
-        targets = []
-        for port, neighbour in outs:
-            if port is Port.RAMP:
-                targets.append((port, _T_PE, r, None))
-            elif neighbour is not None:
-                targets.append((port, _T_ROUTER, neighbour, int(port.opposite)))
-            else:
-                index = x if port in (Port.N, Port.S) else y
-                targets.append((port, _T_EDGE, (port.name, index, color), None))
-        self.route_in[r][color] = in_code
-        self.route_mask[r][color] = mask
-        self.route_targets[r][color] = tuple(targets)
+        self.routers.set_route(x, y, color, input, outputs)
 
     def load_routes(self, table: Iterable[tuple]) -> None:
         """Apply many routes: an iterable of ``(x, y, color, input, outputs)``."""
@@ -117,8 +118,7 @@ class Fabric(HostArgs):
 
     def route(self, x: int, y: int, color: int) -> tuple[int, tuple[Port, ...]]:
         """The route of ``color`` at ``(x, y)``: (input code, output ports)."""
-        r = self.pe(x, y).index
-        return self.route_in[r][color], tuple(t[0] for t in self.route_targets[r][color])
+        return self.routers.route(self.pe(x, y).index, color)
 
     def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
         """Write ``array`` (shape ``[h, w, n]`` for ``rect``, float32 or uint32;
@@ -148,14 +148,7 @@ class Fabric(HostArgs):
         key = self._edge_key(edge, index)
         self._check_color(color)
         arr, flags = stream_words(words, ctrl)
-        self._edge_router[key] = self._boundary_router(*key)
-        queue = self.edge_in.setdefault(key, {}).setdefault(color, deque())
-        queue.extend(zip(arr.tolist(), flags.tolist()))
-
-    def _boundary_router(self, edge: str, index: int) -> tuple[int, int]:
-        x, y = {"N": (index, 0), "S": (index, self.height - 1),
-                "W": (0, index), "E": (self.width - 1, index)}[edge]
-        return y * self.width + x, int(_EDGE_PORTS[edge])
+        self.routers.queue_edge(*key, color, zip(arr.tolist(), flags.tolist()))
 
     def launch(self, task: int, rect: Rect | None = None) -> None:
         """Activate local task ``task`` on the PEs of ``rect`` (default all)."""
@@ -208,13 +201,7 @@ class Fabric(HostArgs):
         idle, or after ``max_cycles`` cycles (default 50 million)."""
         limit = 50_000_000 if max_cycles is None else int(max_cycles)
         self.cycle_limit = limit
-        pes, fifo = self.pes, self.fifo
-        route_in, route_mask, route_targets = self.route_in, self.route_mask, self.route_targets
-        busy_colors, active_routers = self.busy_colors, self.active_routers
-        depth, rx_depth, ncolors = self.config.router_depth, self.config.rx_depth, self.colors
-        edge_in, edge_out = self.edge_in, self.edge_out
-        ramp = int(Port.RAMP)
-
+        pes, routers, ncolors = self.pes, self.routers, self.colors
         self._heap: list = []
         self._scheduled: list = [None] * len(pes)
         self.rx_pops: list = []
@@ -224,114 +211,33 @@ class Fabric(HostArgs):
         for pe in pes:
             pe.reset_run_state()
             self.schedule(pe, 0)
-        active_tx = {pe.index for pe in pes if pe.tx}
+        senders = {pe.index for pe in pes if pe.tx}  # PEs whose output queue holds wavelets
         t = 0
         heap, scheduled = self._heap, self._scheduled
         while True:
             if t >= limit:
                 self.cycle = t
                 raise FabricHang(f"the fabric did not become idle within {limit} cycles", self._report(), t)
-            stepping = []
-            while heap and heap[0][0] == t:
-                _, idx = heapq.heappop(heap)
-                if scheduled[idx] == t:
-                    scheduled[idx] = None
-                    stepping.append(pes[idx])
-            # 1. Router grants (start-of-cycle state).
-            grants = []
-            if active_routers:
-                s = t % ncolors
-                for r in active_routers:
-                    busy = busy_colors[r]
-                    order = busy if len(busy) == 1 else sorted(busy, key=lambda c: (c - s) % ncolors)
-                    used = 0
-                    for c in order:
-                        mask = route_mask[r][c]
-                        if not mask or mask & used:
-                            continue
-                        for port, kind, tgt, opp in route_targets[r][c]:
-                            if kind == _T_ROUTER:
-                                if route_in[tgt][c] != opp or len(fifo[tgt][c]) >= depth:
-                                    break
-                            elif kind == _T_PE:
-                                if len(pes[tgt].rx[c]) >= rx_depth:
-                                    break
-                        else:
-                            used |= mask
-                            grants.append((r, c))
-            # 2. Edge injections: per port, the first color in rotating order
-            #    whose head the boundary router accepts.
-            injections = []
-            if edge_in:
-                s = t % ncolors
-                for key, queues in edge_in.items():
-                    r, port = self._edge_router[key]
-                    for c in sorted(queues, key=lambda c: (c - s) % ncolors):
-                        if route_in[r][c] == port and len(fifo[r][c]) < depth:
-                            injections.append((key, r, c))
-                            break
-            # 3. Output queues toward the routers, then the PEs' own steps.
-            tx_moves = []
-            for idx in active_tx:
-                data, color, ctrl = pes[idx].tx[0]
-                if route_in[idx][color] == ramp and len(fifo[idx][color]) < depth:
-                    tx_moves.append(idx)
-            for pe in stepping:
+            # 1. Decisions from the start-of-cycle state: router grants, edge
+            #    injections, output-queue heads taken by the routers; then the
+            #    PEs' own steps (their pops and pushes are recorded, not done).
+            first = t % ncolors
+            grants = routers.grants(first)
+            injections = routers.injections(first)
+            ramp_moves = routers.from_ramp(senders)
+            for pe in self._due(t):
                 pe.step(t)
-            progress = bool(grants or injections or tx_moves or self.rx_pops or self.tx_pushes or due_tx)
-            # 4. Apply pops and pushes.
-            pushed_rx = []
-            for r, c in grants:
-                q = fifo[r][c]
-                wavelet = q.popleft()
-                if not q:
-                    busy_colors[r].discard(c)
-                for port, kind, tgt, opp in route_targets[r][c]:
-                    self.wavelet_hops += 1
-                    if kind == _T_ROUTER:
-                        fifo[tgt][c].append(wavelet)
-                        busy_colors[tgt].add(c)
-                        active_routers.add(tgt)
-                    elif kind == _T_PE:
-                        pes[tgt].rx[c].append(wavelet)
-                        pushed_rx.append(tgt)
-                    else:
-                        edge_out.setdefault(tgt, []).append(wavelet)
-            for key, r, color in injections:
-                queues = edge_in[key]
-                fifo[r][color].append(queues[color].popleft())
-                if not queues[color]:
-                    del queues[color]
-                    if not queues:
-                        del edge_in[key]
-                busy_colors[r].add(color)
-                active_routers.add(r)
-            tx_popped = []
-            for idx in tx_moves:
-                data, color, ctrl = pes[idx].tx.popleft()
-                fifo[idx][color].append((data, ctrl))
-                busy_colors[idx].add(color)
-                active_routers.add(idx)
-                tx_popped.append(idx)
-                if not pes[idx].tx:
-                    active_tx.discard(idx)
-            for pe, c in self.rx_pops:
-                pe.rx[c].popleft()
-            self.rx_pops.clear()
-            for pe, wavelet in self.tx_pushes:
-                pe.tx.append(wavelet)
-                active_tx.add(pe.index)
-            self.tx_pushes.clear()
-            for pe, wavelet in due_tx:
-                pe.tx.append(wavelet)
-                active_tx.add(pe.index)
-            due_tx, self.tx_pushes_next = self.tx_pushes_next, []
-            for r in [r for r in active_routers if not busy_colors[r]]:
-                active_routers.discard(r)
+            progress = bool(grants or injections or ramp_moves or self.rx_pops or self.tx_pushes or due_tx)
+            # 2. The end of the cycle: apply every pop and push.
+            pushed_rx = routers.apply(grants)
+            routers.inject(injections)
+            routers.take_from_ramp(ramp_moves, senders)
+            due_tx = self._apply_pe_queues(due_tx, senders)
+            routers.retire()
             # Wake PEs whose wait may be over.
             for idx in pushed_rx:
                 self._wake(pes[idx], t + 1)
-            for idx in tx_popped:
+            for idx in ramp_moves:
                 self._wake(pes[idx], t + 1)
             t += 1
             if progress or due_tx:
@@ -342,10 +248,11 @@ class Fabric(HostArgs):
             if heap:
                 t = max(t, heap[0][0])
                 continue
-            if active_routers or active_tx or edge_in or any(pe.running for pe in pes) \
+            if routers.active or senders or routers.edge_in or any(pe.running for pe in pes) \
                     or any(q for pe in pes for q in pe.rx):
                 self.cycle = t
-                raise FabricHang(f"the fabric stopped making progress at cycle {t} before becoming idle", self._report(), t)
+                raise FabricHang(f"the fabric stopped making progress at cycle {t} before becoming idle",
+                                 self._report(), t)
             break
         # Cycles 0 .. t-2 ran; cycle t-1 found every PE idle and nothing to move.
         t = max(t - 1, 0)
@@ -354,6 +261,34 @@ class Fabric(HostArgs):
         for pe in pes:
             pe.wait = None
         return t
+
+    def _due(self, t: int) -> list[PE]:
+        """The PEs scheduled to step in cycle ``t`` (taken off the schedule), in index order."""
+        heap, scheduled, pes = self._heap, self._scheduled, self.pes
+        stepping = []
+        while heap and heap[0][0] == t:
+            _, idx = heapq.heappop(heap)
+            if scheduled[idx] == t:
+                scheduled[idx] = None
+                stepping.append(pes[idx])
+        return stepping
+
+    def _apply_pe_queues(self, due_tx: list, senders: set) -> list:
+        """The end of the cycle for the PEs' queues: the recorded input-queue
+        pops, output-queue pushes, and vector results due now (``due_tx``).
+        Returns the vector results due at the end of the next cycle."""
+        for pe, c in self.rx_pops:
+            pe.rx[c].popleft()
+        self.rx_pops.clear()
+        for pe, wavelet in self.tx_pushes:
+            pe.tx.append(wavelet)
+            senders.add(pe.index)
+        self.tx_pushes.clear()
+        for pe, wavelet in due_tx:
+            pe.tx.append(wavelet)
+            senders.add(pe.index)
+        due_tx, self.tx_pushes_next = self.tx_pushes_next, []
+        return due_tx
 
     # ------------------------------------------------------------------ reports
     def _report(self) -> list[str]:
@@ -374,27 +309,8 @@ class Fabric(HostArgs):
                     lines.append(f"{where} has {len(q)} wavelet(s) on color {c} that nothing takes ({why})")
             if pe.tx:
                 data, color, _ = pe.tx[0]
-                if self.route_in[pe.index][color] != int(Port.RAMP):
-                    lines.append(f"{where} output queue holds {len(pe.tx)} wavelet(s); color {color} is not routed from RAMP at its router")
-        for r, busy in enumerate(self.busy_colors):
-            x, y = r % self.width, r // self.width
-            for c in sorted(busy):
-                blocked = []
-                if not self.route_mask[r][c]:
-                    blocked.append("the route has no outputs")
-                for port, kind, tgt, opp in self.route_targets[r][c]:
-                    if kind == _T_ROUTER:
-                        tx, ty = tgt % self.width, tgt // self.width
-                        if self.route_in[tgt][c] != opp:
-                            blocked.append(f"{port.name} -> router ({tx}, {ty}) does not accept color {c} from {Port(opp).name}")
-                        elif len(self.fifo[tgt][c]) >= self.config.router_depth:
-                            blocked.append(f"{port.name} -> router ({tx}, {ty}) is full")
-                    elif kind == _T_PE and len(self.pes[tgt].rx[c]) >= self.config.rx_depth:
-                        blocked.append("RAMP -> PE input queue full")
-                lines.append(f"router ({x}, {y}) color {c}: {len(self.fifo[r][c])} wavelet(s) stuck"
-                             + (f" ({'; '.join(blocked)})" if blocked else ""))
-        for (edge, index), queues in self.edge_in.items():
-            for color, q in sorted(queues.items()):
-                lines.append(f"edge {edge}{index}: {len(q)} wavelet(s) of color {color} not injected "
-                             f"(the boundary router does not accept color {color} from {edge}, or it is full)")
+                if self.routers.route_in[pe.index][color] != int(Port.RAMP):
+                    lines.append(f"{where} output queue holds {len(pe.tx)} wavelet(s); color {color} is not routed "
+                                 f"from RAMP at its router")
+        lines += self.routers.stuck()
         return lines or ["(nothing is visibly stuck)"]
