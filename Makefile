@@ -53,8 +53,10 @@ bench: setup
 	$(PY) bench/train_speed.py
 	$(PY) bench/sim_speed.py
 
+# ruff, then the import layers (wse/layers.py: the import-linter contracts of pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check wse hdl firmware sim host tests bench examples
+	$(PY) -m wse.layers
 
 verilog: setup
 	$(PY) -m wse.hdl.export --mesh $(MESH) -o build/verilog

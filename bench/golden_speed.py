@@ -17,8 +17,8 @@ import json
 import time
 
 from wse.config import FabricConfig, parse_mesh
-from wse.firmware.kernels import run_kernel
 from wse.sim.golden import Fabric
+from wse.sim.runner import run_kernel
 
 TARGET_PE_CYCLES_PER_S = 250_000
 

@@ -34,7 +34,7 @@ import json  # noqa: E402
 import time  # noqa: E402
 
 from wse.config import FabricConfig, UsageError, parse_mesh  # noqa: E402
-from wse.firmware.kernels import run_kernel  # noqa: E402
+from wse.sim.runner import run_kernel  # noqa: E402
 
 BACKENDS = ("verilator", "cocotb-verilator", "cocotb-icarus", "golden")
 #: The Verilator backend's target on the 8x8 mesh.

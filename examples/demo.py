@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from wse.config import FabricConfig, UsageError, parse_mesh
-from wse.firmware.kernels import run_kernel
+from wse.sim.runner import run_kernel
 
 
 def utilization_map(rows: list[list[float]]) -> str:

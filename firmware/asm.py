@@ -1,5 +1,9 @@
 """The PE assembler and disassembler, generated from the ISA table.
 
+This module is the assembler (statements, sections, layout, encoding) and the
+public API of both; the language's names, expressions and operand syntax are
+:mod:`.asm_syntax` and the disassembler is :mod:`.disasm`.
+
 Source language (one statement per line)
 ----------------------------------------
 * Comments run from ``;`` or ``#`` to the end of the line. Mnemonics,
@@ -51,6 +55,9 @@ from wse.atomic import read_input
 from wse.config import FabricConfig, UsageError
 
 from . import isa
+from .asm_syntax import (DSDS, KIND_TEXT, NAME_RE, REGS, SLOTS, StatementError, evaluate, float_bits, is_reserved,
+                         parse_expr, plural, split_operands)
+from .disasm import disassemble, format_instruction
 from .image import Program, Symbol, TaskEntry
 
 __all__ = ["AsmError", "assemble", "assemble_file", "disassemble", "format_instruction", "MAX_ERRORS"]
@@ -58,10 +65,7 @@ __all__ = ["AsmError", "assemble", "assemble_file", "disassemble", "format_instr
 #: How many errors one :class:`AsmError` reports.
 MAX_ERRORS = 20
 
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LABEL_RE = re.compile(r"\s*([^\s:,;#()]+)\s*:")
-_REGS = {f"r{i}": i for i in range(16)} | {"zero": 0}
-_DSDS = {f"d{i}": i for i in range(8)}
 _DIRECTIVES = (".text", ".data", ".equ", ".word", ".float", ".zero", ".org", ".dsd", ".task", ".data_task")
 _DATA_DIRECTIVES = (".word", ".float", ".zero", ".org", ".dsd")
 
@@ -75,178 +79,8 @@ class AsmError(UsageError):
         super().__init__("\n".join(self.diagnostics))
 
 
-class _Error(Exception):
-    """An error in one statement; the assembler adds the file and line."""
-
-
 class _Reported(Exception):
     """A failure already reported elsewhere (a broken constant)."""
-
-
-def _is_reserved(name: str) -> bool:
-    return name.lower() in _REGS or name.lower() in _DSDS
-
-
-# Expressions ------------------------------------------------------------------
-
-_TOKEN_RE = re.compile(r"\s*(?:(?P<num>[0-9][0-9.]*[eE][-+][0-9]+|[0-9][0-9A-Za-z_.]*)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-                       r"|(?P<op><<|>>|[-+*/%&|^~()]))")
-_INT_RE = re.compile(r"0[xX][0-9A-Fa-f]+|0[bB][01]+|[0-9]+")
-_FLOAT_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-_BINARY = {"|": 1, "^": 2, "&": 3, "<<": 4, ">>": 4, "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
-
-
-def _tokenize(text: str) -> list[tuple[str, object]]:
-    tokens, pos, text = [], 0, text.rstrip()
-    while pos < len(text):
-        match = _TOKEN_RE.match(text, pos)
-        if not match or match.end() == pos:
-            bad = text[pos:].strip()[:1] or text[pos:pos + 1]
-            if bad == ".":
-                raise _Error(f"floating-point literal in {text.strip()!r}: only .float takes them")
-            raise _Error(f"bad expression {text.strip()!r}: unexpected {bad!r}")
-        pos = match.end()
-        if match.group("num"):
-            lit = match.group("num")
-            if _INT_RE.fullmatch(lit):
-                tokens.append(("num", int(lit, 0) if lit[:2].lower() in ("0x", "0b") else int(lit, 10)))
-            elif _FLOAT_RE.fullmatch(lit):
-                raise _Error(f"floating-point literal {lit!r} in an expression: only .float takes them")
-            else:
-                raise _Error(f"bad number {lit!r}: expected decimal, 0x hex or 0b binary digits")
-        elif match.group("name"):
-            tokens.append(("name", match.group("name")))
-        else:
-            tokens.append(("op", match.group("op")))
-    return tokens
-
-
-def _parse_expr(text: str):
-    """Parse an expression into a tree of tuples (internal form)."""
-    tokens = _tokenize(text)
-    if not tokens:
-        raise _Error("missing value: expected an expression")
-    pos = 0
-
-    def peek():
-        return tokens[pos] if pos < len(tokens) else ("end", None)
-
-    def unary():
-        nonlocal pos
-        kind, value = peek()
-        pos += 1
-        if kind == "num":
-            return ("num", value)
-        if kind == "name":
-            return ("name", value)
-        if value in ("-", "+", "~"):
-            return ("un", value, unary())
-        if value == "(":
-            node = binary(0)
-            if peek() != ("op", ")"):
-                raise _Error(f"bad expression {text.strip()!r}: missing ')'")
-            pos += 1
-            return node
-        what = "the end" if kind == "end" else repr(value)
-        raise _Error(f"bad expression {text.strip()!r}: expected a number, name or '(' before {what}")
-
-    def binary(min_prec):
-        nonlocal pos
-        left = unary()
-        while True:
-            kind, op = peek()
-            prec = _BINARY.get(op) if kind == "op" else None
-            if prec is None or prec <= min_prec:
-                return left
-            pos += 1
-            left = ("bin", op, left, binary(prec))
-
-    node = binary(0)
-    if pos != len(tokens):
-        raise _Error(f"bad expression {text.strip()!r}: unexpected {peek()[1]!r}")
-    return node
-
-
-def _eval(node, lookup) -> int:
-    kind = node[0]
-    if kind == "num":
-        return node[1]
-    if kind == "name":
-        return lookup(node[1])
-    if kind == "un":
-        value = _eval(node[2], lookup)
-        return {"-": -value, "+": value, "~": ~value}[node[1]]
-    op, a, b = node[1], _eval(node[2], lookup), _eval(node[3], lookup)
-    if op in ("/", "%"):
-        if b == 0:
-            raise _Error("division by zero in expression")
-        quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
-        return quotient if op == "/" else a - b * quotient
-    if op in ("<<", ">>"):
-        if not 0 <= b <= 64:
-            raise _Error(f"shift count {b} out of range 0..64")
-        return a << b if op == "<<" else a >> b
-    return {"+": a + b, "-": a - b, "*": a * b, "&": a & b, "|": a | b, "^": a ^ b}[op]
-
-
-def _float_bits(text: str) -> int:
-    from wse.numerics import CANONICAL_NAN, f2b
-    lit = text.strip().lower()
-    if lit.lstrip("+-") in ("inf", "infinity", "nan") or _FLOAT_RE.fullmatch(lit):
-        value = float(lit)
-        return CANONICAL_NAN if value != value else f2b(value)
-    raise _Error(f"bad .float value {text.strip()!r}: expected a decimal number such as 1.5 or -2e-3, inf, -inf or nan")
-
-
-# Operand syntax, generated from isa.FORMATS ----------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class _Slot:
-    """One comma-separated operand: a field, or ``imm(ra)`` (two fields)."""
-    text: str
-    fields: tuple[isa.Field, ...]
-
-
-def _slots(fmt: isa.Format) -> tuple[_Slot, ...]:
-    if not fmt.syntax:
-        return ()
-    slots = []
-    for piece in fmt.syntax.split(", "):
-        one = re.fullmatch(r"\{(\w+)\}", piece)
-        mem = re.fullmatch(r"\{(\w+)\}\(\{(\w+)\}\)", piece)
-        if one:
-            slots.append(_Slot(one.group(1), (fmt.field(one.group(1)),)))
-        elif mem:
-            slots.append(_Slot(f"{mem.group(1)}({mem.group(2)})", (fmt.field(mem.group(1)), fmt.field(mem.group(2)))))
-        else:  # a new kind of syntax in the ISA table needs support here
-            raise AssertionError(f"format {fmt.name}: unsupported operand syntax {piece!r}")
-    assert sorted(f.name for s in slots for f in s.fields) == sorted(f.name for f in fmt.fields), fmt
-    return tuple(slots)
-
-
-_SLOTS = {name: _slots(fmt) for name, fmt in isa.FORMATS.items()}
-_KIND_TEXT = {"reg": "a register r0..r15", "dsd": "a descriptor register d0..d7", "imm": "an immediate expression",
-              "target": "an instruction address or .text label", "color": "a color number", "task": "a task number"}
-
-
-def _split_operands(text: str) -> list[str]:
-    if not text.strip():
-        return []
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    parts.append(text[start:].strip())
-    return parts
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 # The assembler -------------------------------------------------------------------
@@ -287,8 +121,8 @@ class _Assembler:
         if name in self.equs:
             return self.equ_value(name)
         if not self.layout_done and name in self.all_labels:
-            raise _Error(f"label {name!r} is defined later in the file; .org and .zero need values known here")
-        raise _Error(f"undefined label {name!r}")
+            raise StatementError(f"label {name!r} is defined later in the file; .org and .zero need values known here")
+        raise StatementError(f"undefined label {name!r}")
 
     def equ_value(self, name: str) -> int:
         if name in self.equ_values:
@@ -304,10 +138,10 @@ class _Assembler:
         node, line = self.equs[name]
         self.resolving.append(name)
         try:
-            value = _eval(node, self.lookup)
-        except _Error as exc:
+            value = evaluate(node, self.lookup)
+        except StatementError as exc:
             if not self.layout_done:
-                raise _Error(f"{exc} (in constant {name!r} at line {line})") from None
+                raise StatementError(f"{exc} (in constant {name!r} at line {line})") from None
             self.failed_equs.add(name)
             self.error(line, str(exc))
             raise _Reported() from None
@@ -321,12 +155,12 @@ class _Assembler:
         return value
 
     def value(self, text: str) -> int:
-        return _eval(_parse_expr(text), self.lookup)
+        return evaluate(parse_expr(text), self.lookup)
 
     def define_label(self, name: str, section: str, addr: int, line: int) -> None:
-        if not _NAME_RE.fullmatch(name):
+        if not NAME_RE.fullmatch(name):
             self.error(line, f"bad label {name!r}: expected letters, digits and '_', not starting with a digit")
-        elif _is_reserved(name):
+        elif is_reserved(name):
             self.error(line, f"label {name!r} is a register name; choose another name")
         elif name in self.labels:
             self.error(line, f"duplicate label {name!r} (first defined at line {self.labels[name][2]})")
@@ -351,7 +185,7 @@ class _Assembler:
             if text:
                 head, rest = re.match(r"(\S+)\s*(.*)", text).groups()
                 stmt.spelled, stmt.op = head, head.lower()
-                stmt.operands = _split_operands(rest)
+                stmt.operands = split_operands(rest)
             stmts.append(stmt)
             self.all_labels.update(labels)
         for stmt in stmts:
@@ -364,16 +198,16 @@ class _Assembler:
             self.error(stmt.line, f".equ takes 2 operands (NAME, expr), got {len(stmt.operands)}")
             return
         name, expr = stmt.operands
-        if not _NAME_RE.fullmatch(name):
+        if not NAME_RE.fullmatch(name):
             self.error(stmt.line, f"bad constant name {name!r}: expected letters, digits and '_', not starting with a digit")
-        elif _is_reserved(name):
+        elif is_reserved(name):
             self.error(stmt.line, f"constant {name!r} is a register name; choose another name")
         elif name in self.equs:
             self.error(stmt.line, f"duplicate constant {name!r} (first defined at line {self.equs[name][1]})")
         elif name not in self.defines:
             try:
-                self.equs[name] = (_parse_expr(expr), stmt.line)
-            except _Error as exc:
+                self.equs[name] = (parse_expr(expr), stmt.line)
+            except StatementError as exc:
                 self.equs[name] = (None, stmt.line)
                 self.failed_equs.add(name)
                 self.error(stmt.line, str(exc))
@@ -395,19 +229,19 @@ class _Assembler:
             try:
                 if not op.startswith("."):
                     if section != "text":
-                        raise _Error(f"instruction {stmt.spelled!r} in .data: instructions belong in .text")
+                        raise StatementError(f"instruction {stmt.spelled!r} in .data: instructions belong in .text")
                     stmt.addr = pc
                     pc += 1
                     code.append(stmt)
                 elif op in (".text", ".data"):
                     if stmt.operands:
-                        raise _Error(f"{op} takes no operands, got {len(stmt.operands)}")
+                        raise StatementError(f"{op} takes no operands, got {len(stmt.operands)}")
                     section = op[1:]
                 elif op in (".task", ".data_task"):
                     tasks.append(stmt)
                 elif op in _DATA_DIRECTIVES:
                     if section != "data":
-                        raise _Error(f"{op} is only allowed in .data (the current section is .text)")
+                        raise StatementError(f"{op} is only allowed in .data (the current section is .text)")
                     stmt.addr = lc
                     if op == ".org":
                         lc = self.org(stmt, lc)
@@ -417,13 +251,13 @@ class _Assembler:
                         if data_overflow:
                             continue
                         data_overflow = True
-                        raise _Error(f"program needs data words up to address {stmt.addr + stmt.size - 1} "
+                        raise StatementError(f"program needs data words up to address {stmt.addr + stmt.size - 1} "
                                      f"but sram_words is {sram}")
                     lc += stmt.size
                     data.append(stmt)
                 else:
-                    raise _Error(self.unknown(stmt.spelled, _DIRECTIVES, "directive"))
-            except _Error as exc:
+                    raise StatementError(self.unknown(stmt.spelled, _DIRECTIVES, "directive"))
+            except StatementError as exc:
                 self.error(stmt.line, str(exc))
             except _Reported:
                 pass
@@ -435,27 +269,28 @@ class _Assembler:
 
     def org(self, stmt: _Stmt, lc: int) -> int:
         if len(stmt.operands) != 1:
-            raise _Error(f".org takes 1 operand (ADDR), got {len(stmt.operands)}")
+            raise StatementError(f".org takes 1 operand (ADDR), got {len(stmt.operands)}")
         addr = self.value(stmt.operands[0])
         if addr < lc:
-            raise _Error(f".org {addr} would move the data location backwards from {lc}; .org only moves forward")
+            raise StatementError(f".org {addr} would move the data location backwards from {lc}; "
+                                 ".org only moves forward")
         if addr > self.config.sram_words:
-            raise _Error(f".org {addr} is beyond the data memory: sram_words is {self.config.sram_words}")
+            raise StatementError(f".org {addr} is beyond the data memory: sram_words is {self.config.sram_words}")
         return addr
 
     def data_size(self, stmt: _Stmt) -> int:
         op, n = stmt.op, len(stmt.operands)
         if op in (".word", ".float"):
             if n == 0:
-                raise _Error(f"{op} needs at least one value")
+                raise StatementError(f"{op} needs at least one value")
             return n
         if op == ".dsd":
             return 2
         if n != 1:
-            raise _Error(f".zero takes 1 operand (N), got {n}")
+            raise StatementError(f".zero takes 1 operand (N), got {n}")
         count = self.value(stmt.operands[0])
         if count < 0:
-            raise _Error(f".zero {count}: the word count must not be negative")
+            raise StatementError(f".zero {count}: the word count must not be negative")
         return count
 
     @staticmethod
@@ -470,27 +305,27 @@ class _Assembler:
     @staticmethod
     def check_range(value: int, lo: int, hi: int, noun: str, where: str) -> int:
         if not lo <= value <= hi:
-            raise _Error(f"{noun} {value} out of range {lo}..{hi} for {where}")
+            raise StatementError(f"{noun} {value} out of range {lo}..{hi} for {where}")
         return value
 
     def operand(self, text: str, field: isa.Field, mnemonic: str) -> int:
         kind, where = field.kind, f"{field.name} of {mnemonic}"
         if not text:
-            raise _Error(f"missing operand for {where}: expected {_KIND_TEXT[kind]}")
+            raise StatementError(f"missing operand for {where}: expected {KIND_TEXT[kind]}")
         if kind in ("reg", "dsd"):
-            table = _REGS if kind == "reg" else _DSDS
+            table = REGS if kind == "reg" else DSDS
             if text.lower() not in table:
-                raise _Error(f"bad operand {text!r} for {where}: expected {_KIND_TEXT[kind]}")
+                raise StatementError(f"bad operand {text!r} for {where}: expected {KIND_TEXT[kind]}")
             return table[text.lower()]
-        if _is_reserved(text):
-            raise _Error(f"bad operand {text!r} for {where}: expected {_KIND_TEXT[kind]}, not a register")
+        if is_reserved(text):
+            raise StatementError(f"bad operand {text!r} for {where}: expected {KIND_TEXT[kind]}, not a register")
         value = self.value(text)
         cfg = self.config
         if kind == "imm":
             return self.check_range(value, field.min, field.max, "immediate", where)
         if kind == "target":
             if text in self.labels and self.labels[text][0] == "data":
-                raise _Error(f"{where} is {text!r}, a .data label; expected a .text label")
+                raise StatementError(f"{where} is {text!r}, a .data label; expected a .text label")
             return self.check_range(value, 0, min(field.max, cfg.imem_words - 1), "target", where)
         if kind == "color":
             return self.check_range(value, 0, min(field.max, cfg.colors - 1), "color", where)
@@ -499,12 +334,12 @@ class _Assembler:
     def encode(self, stmt: _Stmt) -> int:
         ins = isa.BY_NAME.get(stmt.op)
         if ins is None:
-            raise _Error(self.unknown(stmt.spelled, list(isa.BY_NAME), "mnemonic"))
-        slots = _SLOTS[ins.fmt]
+            raise StatementError(self.unknown(stmt.spelled, list(isa.BY_NAME), "mnemonic"))
+        slots = SLOTS[ins.fmt]
         if len(stmt.operands) != len(slots):
-            wanted = (f"takes {_plural(len(slots), 'operand')} ({', '.join(s.text for s in slots)})"
+            wanted = (f"takes {plural(len(slots), 'operand')} ({', '.join(s.text for s in slots)})"
                       if slots else "takes no operands")
-            raise _Error(f"{ins.name} {wanted}, got {len(stmt.operands)}")
+            raise StatementError(f"{ins.name} {wanted}, got {len(stmt.operands)}")
         values = {}
         for slot, text in zip(slots, stmt.operands):
             if len(slot.fields) == 1:
@@ -513,7 +348,7 @@ class _Assembler:
             imm_field, reg_field = slot.fields
             imm_text, reg_text = text, "r0"
             match = re.fullmatch(r"(.*)\(\s*([^()]*?)\s*\)", text)
-            if match and (match.group(2).lower() in _REGS
+            if match and (match.group(2).lower() in REGS
                           or (match.group(1).strip() and not re.search(r"[-+*/%&|^~(<>]\s*$", match.group(1)))):
                 imm_text, reg_text = match.group(1).strip() or "0", match.group(2)
             values[reg_field.name] = self.operand(reg_text, reg_field, ins.name)
@@ -521,48 +356,48 @@ class _Assembler:
         try:
             return isa.encode(ins.name, **values)
         except ValueError as exc:  # the checks above should make this unreachable
-            raise _Error(str(exc)) from None
+            raise StatementError(str(exc)) from None
 
     def data_words(self, stmt: _Stmt) -> list[int]:
         op = stmt.op
         if op == ".zero":
             return [0] * stmt.size
         if op == ".float":
-            return [_float_bits(text) for text in stmt.operands]
+            return [float_bits(text) for text in stmt.operands]
         if op == ".word":
             words = []
             for text in stmt.operands:
                 value = self.value(text)
                 if not -(1 << 31) <= value <= (1 << 32) - 1:
-                    raise _Error(f".word value {value} out of range {-(1 << 31)}..{(1 << 32) - 1}")
+                    raise StatementError(f".word value {value} out of range {-(1 << 31)}..{(1 << 32) - 1}")
                 words.append(value & 0xFFFFFFFF)
             return words
         return self.dsd(stmt)
 
     def dsd(self, stmt: _Stmt) -> list[int]:
         if not stmt.operands or not stmt.operands[0]:
-            raise _Error(".dsd needs a kind first: mem, fabin or fabout")
+            raise StatementError(".dsd needs a kind first: mem, fabin or fabout")
         kind_text = stmt.operands[0].lower()
         keys = {"mem": ("base", "len", "stride"), "fabin": ("color", "len"), "fabout": ("color", "len")}
         if kind_text not in keys:
             hint = " followed by ', key=value' fields" if "=" in kind_text else ""
-            raise _Error(f"unknown .dsd kind {stmt.operands[0]!r}; expected mem, fabin or fabout{hint}")
+            raise StatementError(f"unknown .dsd kind {stmt.operands[0]!r}; expected mem, fabin or fabout{hint}")
         kind = {"mem": isa.DsdKind.MEM, "fabin": isa.DsdKind.FABIN, "fabout": isa.DsdKind.FABOUT}[kind_text]
         given: dict[str, int] = {}
         for item in stmt.operands[1:]:
             key, eq, expr = item.partition("=")
             key = key.strip().lower()
             if not eq:
-                raise _Error(f"bad .dsd field {item!r}: expected key=value")
+                raise StatementError(f"bad .dsd field {item!r}: expected key=value")
             if key not in keys[kind_text]:
-                raise _Error(f".dsd {kind_text} takes {', '.join(keys[kind_text])}, not {key!r}")
+                raise StatementError(f".dsd {kind_text} takes {', '.join(keys[kind_text])}, not {key!r}")
             if key in given:
-                raise _Error(f".dsd field {key!r} is given twice")
+                raise StatementError(f".dsd field {key!r} is given twice")
             given[key] = self.value(expr)
         required = ("base", "len") if kind_text == "mem" else ("color", "len")
         missing = [k for k in required if k not in given]
         if missing:
-            raise _Error(f".dsd {kind_text} needs {' and '.join(missing)}")
+            raise StatementError(f".dsd {kind_text} needs {' and '.join(missing)}")
         if kind_text == "mem":
             base = self.check_range(given["base"], 0, 0xFFFF, "base", ".dsd")
             stride = self.check_range(given.get("stride", 1), -(1 << 15), (1 << 15) - 1, "stride", ".dsd")
@@ -582,20 +417,21 @@ class _Assembler:
                 ops[1], blocked = words[0], True
         name = "COLOR" if stmt.op == ".data_task" else "ID"
         if len(ops) == 3:
-            raise _Error(f"the third operand of {stmt.op} must be 'blocked', not {ops[2]!r}")
+            raise StatementError(f"the third operand of {stmt.op} must be 'blocked', not {ops[2]!r}")
         if len(ops) != 2 or not all(ops):
-            raise _Error(f"{stmt.op} takes {name}, LABEL and an optional 'blocked', got {_plural(len(ops), 'operand')}")
+            raise StatementError(f"{stmt.op} takes {name}, LABEL and an optional 'blocked', "
+                                 f"got {plural(len(ops), 'operand')}")
         ident = self.value(ops[0])
         if stmt.op == ".data_task":
             self.check_range(ident, 0, self.config.colors - 1, "color", ".data_task")
         else:
             self.check_range(ident, 0, self.config.tasks - 1, "task", ".task")
         if ops[1] in self.labels and self.labels[ops[1]][0] == "data":
-            raise _Error(f"task entry {ops[1]!r} is a .data label; expected a .text label")
+            raise StatementError(f"task entry {ops[1]!r} is a .data label; expected a .text label")
         entry = self.value(ops[1])
         if not 0 <= entry < code_size:
             last = f"the last instruction is at {code_size - 1}" if code_size else "the program has no instructions"
-            raise _Error(f"task entry {ops[1]!r} is address {entry}, outside the code: {last}")
+            raise StatementError(f"task entry {ops[1]!r} is address {entry}, outside the code: {last}")
         return TaskEntry(ident, entry, stmt.op == ".data_task", blocked)
 
     # Whole file ------------------------------------------------------------------------
@@ -606,7 +442,7 @@ class _Assembler:
             if self.equs[name][0] is not None:
                 try:
                     self.equ_value(name)
-                except (_Error, _Reported):
+                except (StatementError, _Reported):
                     pass
         code = []
         for stmt in code_stmts:
@@ -637,7 +473,7 @@ class _Assembler:
     def attempt(self, stmt: _Stmt, func, fallback):
         try:
             return func(stmt)
-        except _Error as exc:
+        except StatementError as exc:
             self.error(stmt.line, str(exc))
         except _Reported:
             pass
@@ -668,7 +504,7 @@ class _Assembler:
 def _check_defines(defines) -> dict[str, int]:
     checked = {}
     for name, value in (defines or {}).items():
-        if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or _is_reserved(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name) or is_reserved(name):
             raise UsageError(f"define name {name!r} must be a name of letters, digits and '_' (not a register)")
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise UsageError(f"define {name!r} must be an integer, not {value!r}")
@@ -714,131 +550,3 @@ def assemble_file(path, config: FabricConfig | None = None, defines: dict[str, i
     except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     return assemble(text, str(path), config, defines)
-
-
-# Disassembler -------------------------------------------------------------------------
-
-def format_instruction(word: int, labels: dict[int, str] | None = None) -> str:
-    """One instruction word as assembly text, such as ``"ld r1, -4(r2)"``.
-
-    Branch and jump targets found in ``labels`` (address -> name) are printed
-    as the name, others as numbers.
-
-    Raises
-    ------
-    ValueError
-        If the word has an unknown opcode or bits set outside its fields.
-    """
-    word = int(word)
-    ins, values = isa.decode(word)
-    if isa.encode(ins.name, **values) != word:
-        raise ValueError(f"instruction word {word:#010x} ({ins.name}) has bits set outside its operand fields")
-    text = {}
-    for field in ins.format.fields:
-        value = values[field.name]
-        if field.kind == "reg":
-            text[field.name] = f"r{value}"
-        elif field.kind == "dsd":
-            text[field.name] = f"d{value}"
-        elif field.kind == "target" and labels and value in labels:
-            text[field.name] = labels[value]
-        elif field.kind == "imm" and not field.signed and value > 255:
-            text[field.name] = hex(value)
-        else:
-            text[field.name] = str(value)
-    operands = ins.format.syntax.format(**text)
-    return f"{ins.name} {operands}" if operands else ins.name
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, n = name, 1
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    taken.add(candidate)
-    return candidate
-
-
-def _usable(name: str) -> bool:
-    return bool(_NAME_RE.fullmatch(name)) and not _is_reserved(name)
-
-
-def disassemble(program: Program) -> str:
-    """Assembly text that re-assembles to the same code, data and task table.
-
-    Text labels of the program are kept; branch targets and task entries
-    without one get ``L_XXXX`` labels (hex address). Data is printed as
-    ``.word`` lines with the program's data labels, and ``.org`` where
-    segments leave gaps.
-
-    Raises
-    ------
-    UsageError
-        If a code word is not a valid instruction.
-    """
-    code = [int(w) for w in program.code]
-    decoded = []
-    for addr, word in enumerate(code):
-        try:
-            format_instruction(word)
-        except ValueError as exc:
-            raise UsageError(f"{program.source}: code word {addr} is not a valid instruction: {exc}") from None
-        decoded.append(isa.decode(word))
-    taken = set(program.symbols)
-    text_labels: dict[int, list[str]] = {}
-    for sym in program.symbols.values():
-        if sym.section == "text" and _usable(sym.name) and 0 <= sym.addr <= len(code):
-            text_labels.setdefault(sym.addr, []).append(sym.name)
-    wanted = {t.entry for t in program.tasks}
-    for ins, values in decoded:
-        wanted.update(values[f.name] for f in ins.format.fields if f.kind == "target")
-    for addr in sorted(wanted):
-        if 0 <= addr <= len(code) and addr not in text_labels:
-            text_labels[addr] = [_unique(f"L_{addr:04x}", taken)]
-    first = {addr: names[0] for addr, names in text_labels.items()}
-
-    source = program.source.replace("\n", " ")
-    lines = [f"; {source}: {len(code)} instructions, {program.data_words} data words, "
-             f"{len(program.tasks)} tasks", ".text"]
-    for addr, word in enumerate(code + [None]):
-        lines += [f"{name}:" for name in text_labels.get(addr, [])]
-        if word is not None:
-            lines.append(f"    {format_instruction(word, first)}")
-    lines += _disassemble_data(program)
-    for task in program.tasks:
-        directive = ".data_task" if task.data_color else ".task"
-        entry = first.get(task.entry, str(task.entry))
-        lines.append(f"{directive} {task.id}, {entry}" + (", blocked" if task.blocked else ""))
-    return "\n".join(lines) + "\n"
-
-
-def _disassemble_data(program: Program, per_line: int = 8) -> list[str]:
-    labels = sorted(((s.addr, s.name) for s in program.symbols.values() if s.section == "data" and _usable(s.name)),
-                    key=lambda item: item[0])
-    if not program.data and not labels:
-        return []
-    lines, loc, pending = [".data"], 0, list(labels)
-
-    def emit_labels_before(limit: int, inclusive: bool) -> None:
-        nonlocal loc
-        while pending and (pending[0][0] < limit or (inclusive and pending[0][0] == limit)):
-            addr, name = pending.pop(0)
-            if addr != loc:
-                lines.append(f".org {addr:#x}")
-                loc = addr
-            lines.append(f"{name}:")
-
-    for start, words in program.data:
-        emit_labels_before(start, inclusive=False)
-        if start != loc:
-            lines.append(f".org {start:#x}")
-            loc = start
-        pos, end = start, start + words.size
-        while pos < end:
-            loc = pos
-            emit_labels_before(pos, inclusive=True)
-            stop = min(end, pos + per_line, *[a for a, _ in pending[:1] if a > pos])
-            lines.append("    .word " + ", ".join(f"{int(w):#010x}" for w in words[pos - start:stop - start]))
-            pos = stop
-        loc = end
-    emit_labels_before(1 << 62, inclusive=True)
-    return lines

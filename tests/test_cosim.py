@@ -17,6 +17,8 @@ are marked slow.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import shutil
 import subprocess
@@ -28,12 +30,15 @@ import pytest
 
 from wse.config import FabricConfig, Port, UsageError
 from wse.firmware.asm import assemble
-from wse.firmware.kernels import KERNELS, run_kernel
+from wse.firmware.kernels import KERNELS
 from wse.sim.cosim.lockstep import Divergence, Lockstep
 from wse.sim.cosim.programs import COSIM_CONFIG, PE_CONFIG, directed_scenarios, random_scenario, run_scenario
 from wse.sim.cosim.regress import format_table, parse_results, run_suite
 from wse.sim.cosim.rtl import icarus_fixup, shared_comb_variables
+from wse.sim.api import DEVICE_CALLS, RTL_CALLS, Device, RtlDevice, calls_of
+from wse.sim.devices import DEVICES, device_names, make_device
 from wse.sim.golden import Fabric, FabricHang
+from wse.sim.runner import run_kernel
 
 icarus = pytest.mark.skipif(shutil.which("iverilog") is None, reason="iverilog is not installed")
 
@@ -297,6 +302,68 @@ def test_training_step_on_the_rtl_equals_the_functional_model(backend):
     assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
     for name in weights:
         assert np.array_equal(got.grads[name].view(np.uint32), want.grads[name].view(np.uint32)), name
+
+
+# --------------------------------------------------------------------------- the host-API contract
+def _device_classes():
+    from wse.sim.cosim.cocotb_device import CocotbFabric
+    from wse.sim.cosim.device import RtlFabric
+    from wse.sim.cosim.icarus import CocotbProxyFabric
+    from wse.sim.cosim.verilator import VerilatorFabric
+
+    return [(Fabric, Device), (Lockstep, Device), (RtlFabric, RtlDevice), (VerilatorFabric, RtlDevice),
+            (CocotbFabric, RtlDevice), (CocotbProxyFabric, RtlDevice)]
+
+
+def _parameters(function):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+@pytest.mark.parametrize("device_class, protocol", _device_classes(), ids=lambda v: v.__name__)
+def test_every_device_class_implements_the_whole_contract(device_class, protocol):
+    assert calls_of(protocol) == (DEVICE_CALLS if protocol is Device else RTL_CALLS)
+    for name in calls_of(protocol):
+        method = getattr(device_class, name, None)
+        assert callable(method), f"{device_class.__name__} has no {name}"
+        assert _parameters(method) == _parameters(getattr(protocol, name)), f"{device_class.__name__}.{name}"
+        assert getattr(protocol, name).__doc__, f"the contract of {name} is not written down"
+
+
+def test_devices_satisfy_the_protocol_at_run_time():
+    config = _mesh("2x2")
+    golden = Fabric(config)
+    assert isinstance(golden, Device) and not isinstance(golden, RtlDevice)
+    assert isinstance(Lockstep(Fabric(config), Fabric(config), check_memory=False), Device)
+    assert golden.registers(1, 1) == [0] * 16
+    assert not isinstance(object(), Device)
+
+
+def test_one_registry_of_device_names():
+    from wse.host.runtime import BACKENDS
+
+    assert device_names() == ("golden", "verilator", "icarus")
+    assert all(entry.summary for entry in DEVICES.values())
+    assert set(BACKENDS) == {"functional", *device_names()}
+    assert isinstance(make_device("golden", _mesh("2x2")), Fabric)
+    with pytest.raises(UsageError, match="backend must be one of golden, icarus, verilator, not 'fpga'"):
+        make_device("fpga", _mesh("2x2"))
+
+
+def test_a_registered_device_reaches_the_runner_and_the_runtime(monkeypatch):
+    from wse.host.runtime import _backend_class
+    from wse.host.runtime.rtl import device_backend
+
+    made = []
+
+    def counted(config):
+        made.append(config)
+        return Fabric(config)
+
+    monkeypatch.setitem(DEVICES, "golden", dataclasses.replace(DEVICES["golden"], factory=counted))
+    assert run_kernel("axpy", _mesh("2x2"), n=8)["bit_exact"] and made == [_mesh("2x2")]
+    assert _backend_class("golden") is device_backend("golden")
+    backend = object.__new__(device_backend("golden"))  # its device, without an executable
+    assert isinstance(backend.make_device(_mesh("2x2")), Fabric) and len(made) == 2
 
 
 # --------------------------------------------------------------------------- pieces

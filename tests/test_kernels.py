@@ -4,6 +4,7 @@ reference in the documented order of operations; the check is shown to fail
 on a perturbed run; the layout and route helpers; the ``wse kernel`` command.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,9 +13,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from wse import cli
 from wse.config import FabricConfig, Port, UsageError
-from wse.firmware.kernels import BACKENDS, KERNELS, run_kernel
+from wse.firmware.kernels import KERNELS
 from wse.firmware.kernels.common import block_partition, chain_routes, multicast_routes, row_cells, column_cells
+from wse.sim.devices import DEVICES
 from wse.sim.golden import Fabric
+from wse.sim.runner import run_kernel
 
 MESHES = [(1, 1), (2, 2), (3, 2), (2, 3), (4, 4), (5, 3)]
 
@@ -239,7 +242,7 @@ def test_cli_sram_words(capsys):
 
 
 def test_cli_exits_1_when_not_bit_exact(capsys, monkeypatch):
-    monkeypatch.setitem(BACKENDS, "golden", WrongOutput)
+    monkeypatch.setitem(DEVICES, "golden", dataclasses.replace(DEVICES["golden"], factory=WrongOutput))
     assert cli.main(["kernel", "axpy", "--n", "30", "--mesh", "2x2"]) == 1
     assert "NOT bit exact (1 of 30 words differ)" in capsys.readouterr().out
 
@@ -255,6 +258,7 @@ def test_cli_exits_1_when_not_bit_exact(capsys, monkeypatch):
     (["gemv", "--rows", "x"], "invalid int value"),
     (["dot", "--sram-words", "8"], "sram_words must be an integer"),
     ([], "name a kernel"),
+    (["gemv", "--backend", "fpga"], "--backend must be one of golden, verilator, icarus, not 'fpga'"),
 ])
 def test_cli_bad_input_exits_2(capsys, argv, message):
     assert cli.main(["kernel"] + argv) == 2

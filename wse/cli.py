@@ -17,7 +17,7 @@ from .config import UsageError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "asm": ("wse.firmware.tools", "asm_main", "assemble a PE program: wse asm FILE.s -o FILE.bin"),
     "disasm": ("wse.firmware.tools", "disasm_main", "disassemble a PE program: wse disasm FILE.bin"),
-    "kernel": ("wse.firmware.kernels.cli", "main", "run a library kernel on random data and check it"),
+    "kernel": ("wse.sim.runner", "main", "run a library kernel on random data and check it"),
     "train": ("wse.host.appliance.cli", "main", "train a PyTorch model on the fabric"),
 }
 

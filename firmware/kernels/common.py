@@ -1,5 +1,5 @@
 """Shared pieces of the kernel library: layouts, routes, programs and the
-run-and-check flow.
+:class:`Kernel` interface.
 
 Layouts deal ``n`` items over ``k`` parts in contiguous blocks whose sizes
 differ by at most one, the larger blocks first (:func:`block_partition`).
@@ -11,31 +11,27 @@ that alternate with the position (a color has one input per router), a
 A kernel is a :class:`Kernel`: it plans the layout for a configuration and
 sizes, makes random inputs, computes the reference bits in the documented
 order of float operations, and drives a device through the host API of
-``docs/architecture.md`` section 5. :func:`run` ties them together and
-returns the JSON-able report.
+``docs/architecture.md`` section 5 (:class:`wse.sim.api.Device`). Running a
+kernel on a device and checking it is :func:`wse.sim.runner.run_kernel`'s
+job, above the devices: nothing here imports a device.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
-import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from wse.config import FabricConfig, Port, UsageError
 from wse.firmware.asm import assemble_file
 from wse.firmware.image import Program
-from wse.sim.golden import Fabric
-from wse import numerics as fp
 
 __all__ = [
     "Route", "block_partition", "mesh_slices", "row_cells", "column_cells", "line_cells",
     "chain_in_color", "chain_out_color", "chain_color_grids", "mesh_coordinates", "chain_routes", "multicast_routes",
-    "kernel_program", "write_params", "write_per_pe", "read_per_pe",
-    "BACKENDS", "make_device", "Kernel", "run",
+    "kernel_program", "write_params", "write_per_pe", "read_per_pe", "Kernel",
 ]
 
 #: ``(x, y, color, input port or None, output ports)``, as ``Fabric.load_routes`` takes them.
@@ -198,35 +194,6 @@ def read_per_pe(device, addr: np.ndarray, counts: np.ndarray) -> dict[tuple[int,
     return out
 
 
-# Devices -----------------------------------------------------------------------
-
-def _rtl_backend(name: str) -> Callable[[FabricConfig], object]:
-    """A factory of the RTL backend ``name`` of :mod:`wse.sim.cosim`, imported on first use."""
-    def factory(config: FabricConfig):
-        from wse.sim.cosim import make_rtl_device
-        return make_rtl_device(name, config)
-    factory.__name__ = f"{name}_device"
-    return factory
-
-
-#: Backend name -> factory ``config -> device`` implementing the host API:
-#: the golden model, and the RTL through Verilator (C++ harness) or through
-#: cocotb on Icarus (:mod:`wse.sim.cosim`).
-BACKENDS: dict[str, Callable[[FabricConfig], object]] = {
-    "golden": Fabric, "verilator": _rtl_backend("verilator"), "icarus": _rtl_backend("icarus")}
-
-
-def make_device(config: FabricConfig, backend: str = "golden", device: Callable | None = None):
-    """A fresh device for ``config``: ``device(config)`` when a factory is
-    given, else the factory registered for ``backend`` in :data:`BACKENDS`."""
-    if device is not None:
-        return device(config)
-    factory = BACKENDS.get(backend)
-    if factory is None:
-        raise UsageError(f"backend must be one of {', '.join(sorted(BACKENDS))}, not {backend!r}")
-    return factory(config)
-
-
 # Kernels -----------------------------------------------------------------------
 
 class Kernel(abc.ABC):
@@ -235,7 +202,7 @@ class Kernel(abc.ABC):
     Members
     -------
     name:
-        The name ``wse kernel`` and :func:`run_kernel` know it by.
+        The name ``wse kernel`` and :func:`wse.sim.runner.run_kernel` know it by.
     summary:
         One line saying what it computes.
     defaults:
@@ -306,45 +273,7 @@ class Kernel(abc.ABC):
 
     @abc.abstractmethod
     def execute(self, device, plan, inputs) -> tuple[np.ndarray, int]:
-        """Load, route, fill, launch and run on ``device``; returns the result
-        bits (same shape as the reference) and the cycles run."""
+        """Load, route, fill, launch and run on ``device`` (any
+        :class:`wse.sim.api.Device`); returns the result bits (same shape as
+        the reference) and the cycles run."""
 
-
-def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "golden",
-        device: Callable | None = None, **sizes) -> dict:
-    """Run ``kernel`` on random data and check it; see
-    :func:`wse.firmware.kernels.run_kernel` for the report's fields."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise UsageError(f"seed must be a non-negative integer, not {seed!r}")
-    sizes = kernel.resolve(config, sizes)
-    plan = kernel.plan(config, sizes)
-    inputs = kernel.inputs(plan, np.random.default_rng(int(seed)))
-    expected, exact = kernel.reference(plan, inputs)
-    fabric = make_device(config, backend, device)
-    start = time.perf_counter()
-    got, cycles = kernel.execute(fabric, plan, inputs)
-    seconds = time.perf_counter() - start
-    got = np.asarray(got, dtype=np.uint32)
-    if got.shape != expected.shape:
-        raise RuntimeError(f"{kernel.name} returned shape {got.shape}, expected {expected.shape}")
-    values = fp.as_float(got).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        err = float(np.max(np.abs(values - exact))) if values.size else 0.0
-    fmac = np.asarray(fabric.counters()["pe"]["fmac"], dtype=np.float64)
-    per_pe = fmac / cycles if cycles else np.zeros_like(fmac)
-    return {
-        "kernel": kernel.name,
-        "mesh": config.mesh,
-        "backend": getattr(fabric, "backend", backend),
-        "sizes": sizes,
-        "seed": int(seed),
-        "bit_exact": bool(np.array_equal(got, expected)),
-        "mismatches": int(np.count_nonzero(got != expected)),
-        "words": int(expected.size),
-        "max_abs_err_vs_float64": err,
-        "cycles": int(cycles),
-        "fmac_elements": int(fmac.sum()),
-        "fmac_utilization": float(per_pe.mean()) if per_pe.size else 0.0,
-        "utilization": [[round(float(u), 6) for u in row] for row in per_pe],
-        "seconds": round(seconds, 3),
-    }

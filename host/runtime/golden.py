@@ -1,18 +1,12 @@
-"""The ``golden`` backend: the golden fabric model (:class:`wse.sim.golden.Fabric`)."""
+"""The ``golden`` backend: every phase on the golden fabric model (:class:`wse.sim.golden.Fabric`),
+wavelet by wavelet; cycles are its counts. It is the device backend of :mod:`.rtl` on the
+registry's ``golden`` device."""
 
 from __future__ import annotations
 
-from wse.sim.golden import Fabric
-
-from .device import DeviceBackend
+from .rtl import device_backend
 
 __all__ = ["GoldenBackend"]
 
-
-class GoldenBackend(DeviceBackend):
-    """Every phase runs wavelet by wavelet on the golden model; cycles are its counts."""
-
-    name = "golden"
-
-    def make_device(self, config):
-        return Fabric(config)
+#: The runtime backend on the golden model.
+GoldenBackend = device_backend("golden")

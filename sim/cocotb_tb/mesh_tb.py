@@ -1,7 +1,7 @@
 """Mesh testbench: every library kernel on the full RTL mesh, in lockstep
 with the golden model.
 
-Each kernel runs (through the host API, :func:`wse.firmware.kernels.run_kernel`)
+Each kernel runs (through the host API, :func:`wse.sim.runner.run_kernel`)
 on a :class:`~wse.sim.cosim.lockstep.Lockstep` of the golden model and the
 mesh under test, which compares the cycle count, every wavelet leaving the
 mesh, every counter, every register, every emitted wavelet and every memory
@@ -22,8 +22,9 @@ import numpy as np
 
 import cocotb
 
-from wse.firmware.kernels import KERNELS, run_kernel
+from wse.firmware.kernels import KERNELS
 from wse.sim.cosim.lockstep import Divergence
+from wse.sim.runner import run_kernel
 
 from .common import config_from_env, env_int, in_thread, mesh_pair
 

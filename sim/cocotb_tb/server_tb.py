@@ -19,15 +19,14 @@ from multiprocessing.connection import Client
 import cocotb
 
 from wse.config import UsageError
+from wse.sim.api import RTL_CALLS
 from wse.sim.cosim.cocotb_device import CocotbFabric
 from wse.sim.golden import FabricHang
 
 from .common import config_from_env, in_thread
 
-#: Methods a client may call.
-ALLOWED = {"load", "set_route", "load_routes", "route", "memcpy_h2d", "memcpy_d2h", "stream_in", "stream_out",
-           "pending_out", "launch", "run", "counters", "reset_counters", "registers", "trace_emits", "emitted",
-           "reset", "outputs", "stats"}
+#: Methods a client may call: the calls of an RTL device (:class:`wse.sim.api.RtlDevice`).
+ALLOWED = frozenset(RTL_CALLS)
 
 
 def _serve(device: CocotbFabric, connection) -> None:

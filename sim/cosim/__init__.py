@@ -4,36 +4,13 @@
   module (with read-only probes) and the mesh top of :class:`wse.hdl.fabric.Fabric`.
 * :mod:`.build` compiles it with Verilator (the C++ harness of ``harness/``)
   or Icarus, cached under ``build/cosim/<hash>``.
-* :mod:`.verilator` is the ``verilator`` backend: the host API of
-  :class:`wse.sim.golden.Fabric` on the Verilator-compiled mesh, stepped in C++.
+* :mod:`.device` is the host API (:class:`wse.sim.api.RtlDevice`) on an RTL
+  mesh, over a few primitives per simulator; :mod:`.verilator` is the
+  ``verilator`` device: the mesh Verilator-compiled, stepped in C++.
 * :mod:`.cocotb_device` drives the same API through cocotb (inside a
-  simulator) and :mod:`.icarus` reaches it from outside (the ``icarus`` backend).
+  simulator) and :mod:`.icarus` reaches it from outside (the ``icarus`` device).
 * :mod:`.lockstep` runs any program on two devices and reports the first
   divergence; :mod:`.regress` is ``make sim``.
+
+The devices are made by name from :mod:`wse.sim.devices`.
 """
-
-from __future__ import annotations
-
-__all__ = ["make_rtl_device", "RTL_BACKENDS"]
-
-#: The RTL backends of the host API, by name.
-RTL_BACKENDS = ("verilator", "icarus")
-
-
-def make_rtl_device(name: str, config):
-    """A fresh RTL device ``name`` (``"verilator"`` or ``"icarus"``) for ``config``.
-
-    Raises
-    ------
-    UsageError
-        For an unknown name.
-    """
-    from wse.config import UsageError
-
-    if name == "verilator":
-        from .verilator import VerilatorFabric
-        return VerilatorFabric(config)
-    if name == "icarus":
-        from .icarus import IcarusFabric
-        return IcarusFabric(config)
-    raise UsageError(f"RTL backend must be one of {', '.join(RTL_BACKENDS)}, not {name!r}")

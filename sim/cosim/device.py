@@ -1,12 +1,14 @@
 """The host API of ``docs/architecture.md`` section 5 over the RTL mesh.
 
-:class:`RtlFabric` implements every call of :class:`wse.sim.golden.Fabric`
-(load, set_route/load_routes, memcpy_h2d/d2h, stream_in/stream_out,
-pending_out, launch, run, counters, reset_counters) on top of a few
-primitives that each RTL backend provides: a batch of host-bus requests, edge
-queues, and a run until the mesh is idle. The host bus is used as
-``docs/rtl.md`` section 3 says (requests only between runs; broadcast writes
-for whole-mesh loads); nothing is written into the RTL's state any other way.
+:class:`RtlFabric` implements every call of an RTL device
+(:class:`wse.sim.api.RtlDevice`: the host API of every device, load,
+set_route/load_routes, memcpy_h2d/d2h, stream_in/stream_out, pending_out,
+launch, run, counters, reset_counters, registers, and the co-simulation
+extras) on top of a few primitives that each RTL backend provides: a batch
+of host-bus requests, edge queues, and a run until the mesh is idle. The host
+bus is used as ``docs/rtl.md`` section 3 says (requests only between runs;
+broadcast writes for whole-mesh loads); nothing is written into the RTL's
+state any other way.
 
 Memory words are written only where they can differ from what the program or
 the data needs: a fresh mesh's memories are zero (the RTL's initial value),
@@ -59,10 +61,12 @@ class RtlFabric(HostArgs, abc.ABC):
     config:
         The fabric; default :meth:`FabricConfig.current`.
 
-    Beyond the golden model's API, an RTL device offers :meth:`registers`
-    (a PE's scalar registers, through a read-only probe), :meth:`emitted`
-    (the wavelets each PE handed to its router, with their cycles, once
-    :meth:`trace_emits` is on) and :meth:`reset`.
+    Beyond the host API of every device (:class:`wse.sim.api.Device`; here
+    :meth:`registers` reads a PE's scalar registers through a read-only
+    probe), an RTL device offers :meth:`emitted` (the wavelets each PE
+    handed to its router, with their cycles, once :meth:`trace_emits` is
+    on), :meth:`outputs`, :meth:`stats` and :meth:`reset`
+    (:class:`wse.sim.api.RtlDevice`).
     """
 
     backend = "rtl"

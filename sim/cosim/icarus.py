@@ -8,12 +8,14 @@ slow (Python in every clock cycle of an event-driven simulator) and meant for
 cross-checking the other backends::
 
     fabric = IcarusFabric(FabricConfig(width=2, height=2))
-    ...                       # the same calls as on wse.sim.golden.Fabric
+    ...                       # the calls of wse.sim.api.RtlDevice
     fabric.close()            # or use it as a context manager
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import tempfile
@@ -22,6 +24,7 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 
 from wse.config import FabricConfig, UsageError
+from wse.sim.api import RTL_CALLS, RtlDevice
 from wse.sim.golden import FabricHang, ProgramFault
 
 from .build import cocotb_build
@@ -33,8 +36,9 @@ _CONNECT_TIMEOUT = 120.0
 
 
 class CocotbProxyFabric:
-    """The host API of :class:`wse.sim.golden.Fabric` on the RTL mesh under
-    cocotb in a simulator process.
+    """The host API of an RTL device (:class:`wse.sim.api.RtlDevice`) on the
+    RTL mesh under cocotb in a simulator process: every call is forwarded to
+    the :class:`~.cocotb_device.CocotbFabric` there.
 
     Parameters
     ----------
@@ -137,77 +141,15 @@ class CocotbProxyFabric:
             pass
 
     # ------------------------------------------------------------------ host API
-    def load(self, program, rect=None):
-        """See :meth:`wse.sim.golden.Fabric.load`."""
-        return self._call("load", program, rect)
-
+    # Every call of wse.sim.api.RtlDevice is sent to the simulator (_remote, below the class);
+    # these two first turn their iterables into lists, which travel over the connection.
     def set_route(self, x, y, color, input, outputs):
-        """See :meth:`wse.sim.golden.Fabric.set_route`."""
+        """See :meth:`wse.sim.api.Device.set_route`."""
         return self._call("set_route", x, y, color, input, list(outputs))
 
     def load_routes(self, table):
-        """See :meth:`wse.sim.golden.Fabric.load_routes`."""
+        """See :meth:`wse.sim.api.Device.load_routes`."""
         return self._call("load_routes", [(x, y, c, i, list(o)) for x, y, c, i, o in table])
-
-    def route(self, x, y, color):
-        """See :meth:`~.device.RtlFabric.route`."""
-        return self._call("route", x, y, color)
-
-    def memcpy_h2d(self, addr, array, rect=None):
-        """See :meth:`wse.sim.golden.Fabric.memcpy_h2d`."""
-        return self._call("memcpy_h2d", addr, array, rect)
-
-    def memcpy_d2h(self, addr, n, rect=None):
-        """See :meth:`wse.sim.golden.Fabric.memcpy_d2h`."""
-        return self._call("memcpy_d2h", addr, n, rect)
-
-    def stream_in(self, edge, index, color, words, ctrl=None):
-        """See :meth:`wse.sim.golden.Fabric.stream_in`."""
-        return self._call("stream_in", edge, index, color, words, ctrl)
-
-    def stream_out(self, edge, index, color, with_ctrl=False):
-        """See :meth:`wse.sim.golden.Fabric.stream_out`."""
-        return self._call("stream_out", edge, index, color, with_ctrl)
-
-    def pending_out(self):
-        """See :meth:`wse.sim.golden.Fabric.pending_out`."""
-        return self._call("pending_out")
-
-    def launch(self, task, rect=None):
-        """See :meth:`wse.sim.golden.Fabric.launch`."""
-        return self._call("launch", task, rect)
-
-    def run(self, max_cycles=None):
-        """See :meth:`wse.sim.golden.Fabric.run`."""
-        return self._call("run", max_cycles)
-
-    def counters(self):
-        """See :meth:`wse.sim.golden.Fabric.counters`."""
-        return self._call("counters")
-
-    def reset_counters(self):
-        """See :meth:`wse.sim.golden.Fabric.reset_counters`."""
-        return self._call("reset_counters")
-
-    def registers(self, x, y):
-        """See :meth:`~.device.RtlFabric.registers`."""
-        return self._call("registers", x, y)
-
-    def trace_emits(self, on=True):
-        """See :meth:`~.device.RtlFabric.trace_emits`."""
-        return self._call("trace_emits", on)
-
-    def emitted(self, x, y):
-        """See :meth:`~.device.RtlFabric.emitted`."""
-        return self._call("emitted", x, y)
-
-    def reset(self):
-        """See :meth:`~.device.RtlFabric.reset`."""
-        return self._call("reset")
-
-    def stats(self):
-        """Clock cycles simulated in runs and on the host bus."""
-        return self._call("stats")
 
     @property
     def edge_out(self):
@@ -218,6 +160,31 @@ class CocotbProxyFabric:
     def edge_out_cycles(self):
         """The run cycles of :attr:`edge_out`."""
         return self._call("outputs")[1]
+
+
+def _remote(name: str):
+    """The proxy's method ``name``: the call, its arguments bound as the
+    contract (:class:`wse.sim.api.RtlDevice`) declares them, defaults filled
+    in, sent to the simulator process. It has the contract's signature and
+    docstring."""
+    template = getattr(RtlDevice, name)
+    signature = inspect.signature(template)
+
+    @functools.wraps(template)
+    def method(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        return self._call(name, *bound.args[1:])
+
+    method.__module__, method.__qualname__ = __name__, f"CocotbProxyFabric.{name}"
+    return method
+
+
+# Every call of the contract not written out above is forwarded as it is.
+for _name in RTL_CALLS:
+    if _name not in vars(CocotbProxyFabric):
+        setattr(CocotbProxyFabric, _name, _remote(_name))
+del _name
 
 
 def IcarusFabric(config: FabricConfig | None = None, waves: bool = False) -> CocotbProxyFabric:

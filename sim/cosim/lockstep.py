@@ -1,7 +1,7 @@
 """Co-simulation of any program: the same host calls on two devices, compared.
 
-:class:`Lockstep` is itself a device with the host API of
-:class:`wse.sim.golden.Fabric`: every call goes to a reference (the golden
+:class:`Lockstep` is itself a device with the host API
+(:class:`wse.sim.api.Device`): every call goes to a reference (the golden
 model) and to a device under test (an RTL backend), and what comes back must
 be equal bit for bit. After each ``run`` it also compares what the host can
 see without taking it: the cycle count, the hop count, every wavelet that
@@ -11,7 +11,7 @@ every wavelet each PE emitted.
 
 So anything that runs on the golden model runs in co-simulation::
 
-    run_kernel("gemv", config, device=lambda cfg: Lockstep(Fabric(cfg), VerilatorFabric(cfg)))
+    run_kernel("gemv", config, device=lambda cfg: Lockstep(Fabric(cfg), VerilatorFabric(cfg)))  # wse.sim.runner
 
 On the first difference it raises :class:`Divergence`, whose report names the
 first differing wavelet (PE, color, index, cycle) or memory word instead of
@@ -260,14 +260,15 @@ class Lockstep:
                                  {"kind": "counter", "pe": (x, y), "name": name, "device": int(theirs[y, x]),
                                   "reference": int(grid[y, x])})
 
-    def _compare_registers(self, x, y) -> None:
-        expected = [int(v) for v in self.reference.pe(x, y).regs]
+    def _compare_registers(self, x, y) -> list[int]:
+        expected = self.reference.registers(x, y)
         got = self.device.registers(x, y)
         self._count("registers", len(expected))
         for r, (a, b) in enumerate(zip(expected, got)):
             if a != b:
                 raise Divergence(f"PE ({x}, {y}) register r{r}: device {_hex(b)}, reference {_hex(a)}",
                                  {"kind": "register", "pe": (x, y), "index": r, "device": b, "reference": a})
+        return expected
 
     def _compare_emits(self, x, y) -> None:
         seen = self._emit_seen.get((x, y), 0)
@@ -307,6 +308,10 @@ class Lockstep:
                 [f"  {len(bad)} word(s) differ in all"])
 
     # ------------------------------------------------------------------ reading
+    def registers(self, x, y):
+        """The registers of PE ``(x, y)``, compared."""
+        return self._compare_registers(x, y)
+
     def route(self, x, y, color):
         expected, got = self._both("route", x, y, color)
         if expected[0] != got[0] or tuple(map(Port, expected[1])) != tuple(map(Port, got[1])):

@@ -107,11 +107,12 @@ def run_suite(suite: str, sim: str, config: FabricConfig, out: Path, *, waves: b
 
 
 def _backend_rows(config: FabricConfig, params: dict) -> list[Row]:
-    from wse.firmware.kernels import KERNELS, run_kernel
+    from wse.firmware.kernels import KERNELS
+    from wse.sim.devices import make_device
     from wse.sim.golden import Fabric
+    from wse.sim.runner import run_kernel
 
     from .lockstep import Lockstep
-    from .verilator import VerilatorFabric
 
     rows = []
     size = int(params.get("SIZE", 24))
@@ -124,7 +125,7 @@ def _backend_rows(config: FabricConfig, params: dict) -> list[Row]:
             devices = []
 
             def device(cfg):
-                devices.append(VerilatorFabric(cfg))
+                devices.append(make_device("verilator", cfg))
                 return Lockstep(Fabric(cfg, trace=True), devices[-1], check_emits=True)
 
             start = time.perf_counter()

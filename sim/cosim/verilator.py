@@ -8,7 +8,7 @@ recorded outputs in C++. Python runs only between those calls.
 
 ::
 
-    from wse.sim.cosim import VerilatorFabric
+    from wse.sim.cosim.verilator import VerilatorFabric
     fabric = VerilatorFabric(FabricConfig(width=4, height=4))
     fabric.load(program); fabric.launch(0); cycles = fabric.run()
 """

@@ -1,0 +1,192 @@
+"""The kernel runner: a library kernel on a device, checked bit for bit; ``wse kernel``.
+
+The kernels (:mod:`wse.firmware.kernels`) say what to compute and how to
+drive a device; this module picks the device (by name from
+:mod:`wse.sim.devices`, or any factory), runs the kernel on random data and
+compares the result with the kernel's reference. It sits above the devices,
+which is why it is not in ``firmware/``.
+
+Command line::
+
+    wse kernel --list
+    wse kernel NAME [--mesh WxH] [--seed S] [--rows R --cols C] [--n N]
+                    [--variant row|column] [--sram-words K] [--backend B] [--json]
+
+Prints a short summary, or with ``--json`` the report of :func:`run_kernel`
+as one JSON object. On a device other than ``golden`` (``verilator``,
+``icarus``) the report also has ``golden_cycles``, the golden model's cycles
+for the same run. Exit code 0 when the result is bit exact, 1 when it is not,
+2 for a mistake in the arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Callable
+
+import numpy as np
+
+from wse import numerics as fp
+from wse.config import FabricConfig, UsageError, parse_mesh
+from wse.firmware.kernels import KERNELS, Kernel, get_kernel
+
+from .api import Device
+from .devices import device_names, make_device
+
+__all__ = ["run_kernel", "run", "main"]
+
+
+def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "golden",
+        device: Callable[[FabricConfig], Device] | None = None, **sizes) -> dict:
+    """Run ``kernel`` on random data and check it; see :func:`run_kernel` for
+    the arguments and the report's fields."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UsageError(f"seed must be a non-negative integer, not {seed!r}")
+    sizes = kernel.resolve(config, sizes)
+    plan = kernel.plan(config, sizes)
+    inputs = kernel.inputs(plan, np.random.default_rng(int(seed)))
+    expected, exact = kernel.reference(plan, inputs)
+    fabric = device(config) if device is not None else make_device(backend, config)
+    start = time.perf_counter()
+    got, cycles = kernel.execute(fabric, plan, inputs)
+    seconds = time.perf_counter() - start
+    got = np.asarray(got, dtype=np.uint32)
+    if got.shape != expected.shape:
+        raise RuntimeError(f"{kernel.name} returned shape {got.shape}, expected {expected.shape}")
+    values = fp.as_float(got).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        err = float(np.max(np.abs(values - exact))) if values.size else 0.0
+    fmac = np.asarray(fabric.counters()["pe"]["fmac"], dtype=np.float64)
+    per_pe = fmac / cycles if cycles else np.zeros_like(fmac)
+    return {
+        "kernel": kernel.name,
+        "mesh": config.mesh,
+        "backend": getattr(fabric, "backend", backend),
+        "sizes": sizes,
+        "seed": int(seed),
+        "bit_exact": bool(np.array_equal(got, expected)),
+        "mismatches": int(np.count_nonzero(got != expected)),
+        "words": int(expected.size),
+        "max_abs_err_vs_float64": err,
+        "cycles": int(cycles),
+        "fmac_elements": int(fmac.sum()),
+        "fmac_utilization": float(per_pe.mean()) if per_pe.size else 0.0,
+        "utilization": [[round(float(u), 6) for u in row] for row in per_pe],
+        "seconds": round(seconds, 3),
+    }
+
+
+def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "golden",
+               device: Callable[[FabricConfig], Device] | None = None, **sizes) -> dict:
+    """Run a library kernel on random data from ``seed`` and check it.
+
+    Parameters
+    ----------
+    name:
+        A key of :data:`wse.firmware.kernels.KERNELS`.
+    config:
+        The fabric, mesh shape included.
+    seed:
+        Seed of the random inputs (standard normal float32).
+    backend:
+        Name of the device in :data:`wse.sim.devices.DEVICES` (``"golden"``),
+        used unless ``device`` is given.
+    device:
+        A factory ``config -> device`` implementing the host API
+        (:class:`wse.sim.api.Device`): how other devices plug in.
+    **sizes:
+        ``rows`` and ``cols`` (gemv), ``n`` (the others), ``variant``
+        (``"row"`` or ``"column"`` for broadcast and reduce); defaults as in
+        ``KERNELS[name].defaults``.
+
+    Returns
+    -------
+    dict
+        JSON-able: ``kernel``, ``mesh`` (``"WxH"``), ``backend``, ``sizes``,
+        ``seed``, ``bit_exact`` (the device's bits equal the reference's),
+        ``mismatches`` (result words that differ), ``words`` (result words), ``max_abs_err_vs_float64``,
+        ``cycles``, ``fmac_elements``, ``fmac_utilization`` (fmac elements
+        / (PEs x cycles)), ``utilization`` (per PE, ``[height][width]``) and
+        ``seconds`` (host time of the device run).
+
+    Raises
+    ------
+    UsageError
+        For an unknown kernel or backend, sizes that are not positive
+        integers, or data that does not fit in the PE memory.
+    """
+    return run(get_kernel(name), config, seed, backend, device, **sizes)
+
+
+# The wse kernel command ---------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are :class:`UsageError` (one line, exit 2)."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="wse kernel", description="Run a library kernel on random data and check it.")
+    parser.add_argument("name", nargs="?", help="kernel name (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the kernels and exit")
+    parser.add_argument("--mesh", default="4x4", help="mesh shape WIDTHxHEIGHT (default 4x4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--rows", type=int, help="gemv: rows of W")
+    parser.add_argument("--cols", type=int, help="gemv: columns of W")
+    parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce)")
+    parser.add_argument("--variant", help="broadcast, reduce: row or column (default row)")
+    parser.add_argument("--sram-words", type=int, help="PE data memory in words (default from the configuration)")
+    parser.add_argument("--backend", default="golden",
+                        help=f"device: {', '.join(device_names())} (default golden)")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    return parser
+
+
+def _summary(report: dict) -> str:
+    kernel = KERNELS[report["kernel"]]
+    verdict = "bit exact" if report["bit_exact"] else f"NOT bit exact ({report['mismatches']} of {report['words']} words differ)"
+    golden = f" (golden model {report['golden_cycles']})" if "golden_cycles" in report else ""
+    return (f"{report['kernel']} {kernel.describe(report['sizes'])} on a {report['mesh']} mesh "
+            f"({report['backend']}, seed {report['seed']}): {verdict}\n"
+            f"  max |error| vs float64 {report['max_abs_err_vs_float64']:.3g}, "
+            f"{report['cycles']} cycles{golden}, fmac utilization {report['fmac_utilization']:.3f} "
+            f"({report['seconds']:.2f} s)")
+
+
+def main(argv: list[str]) -> int:
+    """Run ``wse kernel`` with ``argv`` (the arguments after ``kernel``).
+
+    Returns 0 when the run is bit exact (or for ``--list``), 1 when it is
+    not. Raises :class:`UsageError` for bad arguments (``wse`` prints it as
+    one line and exits with 2).
+    """
+    args = _parser().parse_args(argv)
+    if args.list:
+        width = max(len(name) for name in KERNELS)
+        for name, kernel in KERNELS.items():
+            print(f"{name:<{width}}  {kernel.summary}")
+        return 0
+    if args.name is None:
+        raise UsageError(f"name a kernel ({', '.join(KERNELS)}) or pass --list")
+    kernel = get_kernel(args.name)
+    width, height = parse_mesh(args.mesh)
+    config = FabricConfig(width=width, height=height)
+    if args.sram_words is not None:
+        config = config.replace(sram_words=args.sram_words)
+    given = {"rows": args.rows, "cols": args.cols, "n": args.n, "variant": args.variant}
+    wrong = [f"--{key}" for key, value in given.items() if value is not None and key not in kernel.defaults]
+    if wrong:
+        takes = ", ".join(f"--{key}" for key in kernel.defaults)
+        raise UsageError(f"{kernel.name} takes {takes}, not {wrong[0]}")
+    sizes = {key: value for key, value in given.items() if value is not None}
+    if args.backend not in device_names():
+        raise UsageError(f"--backend must be one of {', '.join(device_names())}, not {args.backend!r}")
+    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, **sizes)
+    if args.backend != "golden":
+        report["golden_cycles"] = run_kernel(kernel.name, config, args.seed, **sizes)["cycles"]
+    print(json.dumps(report) if args.json else _summary(report))
+    return 0 if report["bit_exact"] else 1
