@@ -314,3 +314,29 @@ def test_train_shard_inputs_and_backends_are_checked(mlp_bias):
         runtime.train_shard(x, np.full(8, 7), weights, n=8, columns=range(len(blocks)))
     with pytest.raises(UsageError, match="train_shard is provided by the functional backend"):
         Runtime(exe, "golden").train_shard(x, y, weights, n=8, columns=range(len(blocks)))
+
+
+def test_functional_backend_dispatches_on_operation_types(mlp_bias):
+    """Each math op type has its own execution; an op type it does not know is named in the error."""
+    import dataclasses
+
+    from wse.host.compiler import MathOp
+    from wse.host.runtime.functional import FunctionalBackend
+
+    @dataclasses.dataclass(frozen=True)
+    class Gelu(MathOp):
+        op = "gelu"
+        data: str
+
+    model, exe = mlp_bias
+    weights = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    x, y = np.zeros((8, 22), np.float32), np.zeros(8, np.int64)
+    name = exe.sequences["train"][0]
+    phase = exe.phases[name]
+    exe.phases[name] = dataclasses.replace(phase, math=phase.math + (Gelu("act1"),))
+    try:
+        with pytest.raises(RuntimeError, match=f"phase {name}: no functional execution of Gelu"):
+            Runtime(exe, "functional").train_step(x, y, weights)
+    finally:
+        exe.phases[name] = phase
+    assert isinstance(Runtime(exe, "functional").backend, FunctionalBackend)

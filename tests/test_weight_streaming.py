@@ -3,6 +3,7 @@ exp / reciprocal / softmax numerics, the static cycle model against the golden
 model, fit errors, the executable file and the FC-MNIST utilization figure.
 """
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,9 @@ from torch import nn
 
 from wse.config import FabricConfig, UsageError
 from wse.firmware.training import numerics as fw, records, timing, training_program
-from wse.host.compiler import Executable, FitError, compile_model, trace
+from wse.host.compiler import (Executable, FitError, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta,
+                               WeightGradient, WeightStreamingLayout, compile_model, trace)
+from wse.host.compiler.executable import VERSION
 from wse.host.compiler.cycles import phase_cycles
 from wse.host.compiler.weight_streaming import plan, ring_capacity
 from wse.host.compiler.ws_phases import sgemm_steps
@@ -60,18 +63,18 @@ def test_every_output_rings_once_through_every_row(height, outputs):
 def test_streams_cover_every_weight_once_and_gradients_every_element():
     exe = compile_for(mlp(22, 13, 7), 8, (4, 4))
     fwd = exe.phases["fwd 0"]
-    gathered = np.concatenate([s["gather"][s["ctrl"] == 0] for s in fwd["streams_in"]])
+    gathered = np.concatenate([s.gather[s.ctrl == 0] for s in fwd.streams_in])
     assert np.array_equal(np.sort(gathered), np.arange(13 * 22))      # every weight streams once
-    ctrl = np.concatenate([s["gather"][s["ctrl"] == 1] for s in fwd["streams_in"]])
+    ctrl = np.concatenate([s.gather[s.ctrl == 1] for s in fwd.streams_in])
     assert np.array_equal(np.sort(ctrl), 13 * 22 + np.arange(13))     # and every bias, as control wavelets
     back = exe.phases["bwd-data 2"]
-    gathered = np.concatenate([s["gather"][s["ctrl"] == 0] for s in back["streams_in"]])
+    gathered = np.concatenate([s.gather[s.ctrl == 0] for s in back.streams_in])
     assert np.array_equal(np.sort(gathered), np.arange(7 * 13))       # W again, transposed order
     shapes = exe.parameters()
-    for name, tensors in (("bwd-weight 0", ["0.weight", "0.bias"]), ("bwd-weight 2", ["2.weight", "2.bias"])):
-        streams = exe.phases[name]["streams_out"]
-        assert all(s["tensors"] == tensors for s in streams)
-        scatter = np.concatenate([s["scatter"] for s in streams])
+    for name, tensors in (("bwd-weight 0", ("0.weight", "0.bias")), ("bwd-weight 2", ("2.weight", "2.bias"))):
+        streams = exe.phases[name].streams_out
+        assert all(s.tensors == tensors for s in streams)
+        scatter = np.concatenate([s.scatter for s in streams])
         size = sum(int(np.prod(shapes[t])) for t in tensors)
         assert np.array_equal(np.sort(scatter), np.arange(size))      # every gradient element once
 
@@ -171,10 +174,10 @@ def test_cycle_model_equals_the_golden_model(model, batch, mesh, extra):
     for name in exe.sequences["train"]:
         backend.device.reset_counters()
         cycles = backend.run_phase(name, weights, {})
-        assert cycles == exe.phases[name]["cycles"], name
+        assert cycles == exe.phases[name].cycles, name
         counters = backend.device.counters()["pe"]
-        assert counters["fmac"].sum() == exe.phases[name]["fmacs"], name
-        image = images[exe.phases[name]["ops_addr"]]
+        assert counters["fmac"].sum() == exe.phases[name].fmacs, name
+        image = images[exe.phases[name].ops_addr]
         for y in range(mesh[1]):
             for x_ in range(mesh[0]):       # the mirror's stall-free cycles, PE by PE
                 ops = timing.pe_ops(image[y, x_])
@@ -255,6 +258,58 @@ def test_executable_runs_after_reload_without_the_model(tmp_path):
     assert again.summary() == exe.summary()
 
 
+def test_executable_file_round_trips_its_typed_contents(tmp_path):
+    exe = compile_for(mlp(5, 9, 3, relu_last=True), 6, (2, 5))
+    path = tmp_path / "mlp.wse"
+    exe.save(path)
+    again = Executable.load(path)
+    assert again.phases == exe.phases and list(again.phases) == list(exe.phases)   # streams, math, cycles
+    assert again.layout == exe.layout and isinstance(again.layout, WeightStreamingLayout)
+    assert again.sequences == exe.sequences and again.regions == exe.regions and again.routes == exe.routes
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(again.static, exe.static))
+    assert all(np.array_equal(again.transfers[k][1], v[1]) for k, v in exe.transfers.items())
+    kinds = {type(op) for phase in again.phases.values() for op in phase.math}
+    assert kinds == {Sgemm, SgemmTransposed, Relu, ReluMask, SoftmaxDelta, WeightGradient}
+    again.save(tmp_path / "again.wse")                                  # the same manifest, written again
+    manifests = [np.load(p)["manifest"].tobytes() for p in (path, tmp_path / "again.wse")]
+    assert manifests[0] == manifests[1]
+
+
+def _load_main(argv: list) -> int:
+    """A ``wse`` subcommand body that loads the executable named by its argument."""
+    Executable.load(argv[0])
+    return 0
+
+
+def _rewrite_manifest(src, dst, **changes):
+    with np.load(src) as data:
+        arrays = {key: data[key] for key in data.files}
+    manifest = json.loads(arrays["manifest"].tobytes().decode("utf-8"))
+    manifest.update(changes)
+    arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode("utf-8"), dtype=np.uint8)
+    with open(dst, "wb") as out:
+        np.savez(out, **arrays)
+
+
+def test_executable_of_another_version_is_a_usage_error_naming_both_versions(tmp_path, monkeypatch, capsys):
+    from wse import cli
+    exe = compile_for(mlp(4, 3), 2, (2, 2))
+    exe.save(tmp_path / "current.wse")
+    for version in (0, VERSION + 1, None):
+        _rewrite_manifest(tmp_path / "current.wse", tmp_path / "other.wse", version=version)
+        with pytest.raises(UsageError, match=f"format version {version!r}, but this version of wse reads "
+                                             f"format version {VERSION}"):
+            Executable.load(tmp_path / "other.wse")
+    _rewrite_manifest(tmp_path / "current.wse", tmp_path / "mode.wse", mode="teleport")
+    with pytest.raises(UsageError, match="execution mode must be one of weight_streaming, not 'teleport'"):
+        Executable.load(tmp_path / "mode.wse")
+    # Through the command line (a subcommand that loads an executable): one line on stderr, exit code 2.
+    monkeypatch.setitem(cli.COMMANDS, "load", (__name__, "_load_main", "load an executable"))
+    assert cli.main(["load", str(tmp_path / "other.wse")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"this version of wse reads format version {VERSION}" in err[0]
+
+
 def test_damaged_executable_files_are_usage_errors(tmp_path):
     bad = tmp_path / "bad.wse"
     bad.write_bytes(b"not an executable")
@@ -271,11 +326,11 @@ def test_fc_mnist_streamed_gemm_utilization():
                           nn.Linear(256, 10))
     exe = compile_model(model, torch.randn(64, 1, 28, 28), config=FabricConfig(width=16, height=16), batch=64)
     print(exe.summary())
-    streamed = [n for n in exe.sequences["train"] if exe.phases[n]["group"] in ("forward", "backward-data")]
-    cycles = sum(exe.phases[n]["cycles"] for n in streamed)
-    fmacs = sum(exe.phases[n]["fmacs"] for n in streamed)
+    streamed = [n for n in exe.sequences["train"] if exe.phases[n].group in ("forward", "backward-data")]
+    cycles = sum(exe.phases[n].cycles for n in streamed)
+    fmacs = sum(exe.phases[n].fmacs for n in streamed)
     util = fmacs / (256 * cycles)
-    total = sum(exe.phases[n]["fmacs"] for n in exe.sequences["train"]) / (256 * exe.cycles("train"))
+    total = sum(exe.phases[n].fmacs for n in exe.sequences["train"]) / (256 * exe.cycles("train"))
     print(f"FC-MNIST 16x16 batch 64: streamed-GEMM FMAC utilization {util:.4f}, whole step {total:.4f}, "
           f"{exe.cycles('train')} cycles per step")
     assert util >= 0.85

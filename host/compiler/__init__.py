@@ -3,8 +3,10 @@
 :func:`trace` turns an ``nn.Module`` into a :class:`Graph` of layers;
 :func:`compile_model` traces, maps (weight streaming now, layer pipelining
 beside it later: :mod:`.mapper`) and generates an :class:`Executable` that
-:mod:`wse.host.runtime` runs. The IR imports without PyTorch; the front end
-(which needs it) loads on first use, as do the mappers.
+:mod:`wse.host.runtime` runs: typed phases (:class:`Phase`, its
+:class:`StreamIn`/:class:`StreamOut` and :class:`MathOp` entries) and the
+mode's :class:`Layout`. The IR and the executable's types import without
+PyTorch; the front end (which needs it) loads on first use, as do the mappers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import Any
 
 from .ir import (IR_FORMAT, IR_VERSION, Flatten, Graph, Input, Layer, Linear, ReLU, Shape,
                  SoftmaxCrossEntropy, format_shape)
+from .layouts import LAYOUTS, Layout, WeightStreamingLayout, register_layout
+from .schedule import (MathOp, Phase, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, StreamIn, StreamOut,
+                       WeightGradient)
 
 _FRONTEND_NAMES = ("trace", "UnsupportedModelError", "UntraceableModelError", "ModelShapeError",
                    "UnsupportedOp")
@@ -22,7 +27,9 @@ _LAZY = {
 }
 
 __all__ = ["IR_FORMAT", "IR_VERSION", "Flatten", "Graph", "Input", "Layer", "Linear", "ReLU",
-           "Shape", "SoftmaxCrossEntropy", "format_shape", *_FRONTEND_NAMES, *_LAZY]
+           "Shape", "SoftmaxCrossEntropy", "format_shape", "Phase", "StreamIn", "StreamOut", "MathOp", "Sgemm",
+           "SgemmTransposed", "Relu", "ReluMask", "SoftmaxDelta", "WeightGradient", "Layout",
+           "WeightStreamingLayout", "LAYOUTS", "register_layout", *_FRONTEND_NAMES, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,13 +2,12 @@
 
 The PE program is the assembled training firmware; the per-PE op lists of
 every phase become static memory images; stream orders, host transfers and
-phase descriptions are copied over; the cycles of every phase come from the
-static cycle model (:mod:`.cycles`).
+phase descriptions are copied over (as :class:`~.schedule.Phase`, with the
+plan's :class:`~.layouts.WeightStreamingLayout`); the cycles of every phase
+come from the static cycle model (:mod:`.cycles`).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 
@@ -40,19 +39,7 @@ def generate(plan: Plan) -> Executable:
     program = training_program(cfg)
     static = [(phase.ops_addr, _op_image(plan, phase)) for phase in plan.phases.values()]
     cycles = cycle_model.phase_cycles(plan, program)
-    phases = {}
-    for name, phase in plan.phases.items():
-        phases[name] = {"group": phase.group, "ops_addr": phase.ops_addr, "streams_in": phase.streams_in,
-                        "streams_out": phase.streams_out, "math": phase.math, "fmacs": int(phase.fmacs),
-                        "cycles": int(cycles[name])}
-    layout = {
-        "layers": [dataclasses.asdict(layer) for layer in plan.layers],
-        "relu_input": plan.relu_input,
-        "height": cfg.height,
-        "columns": plan.columns,
-        "tokens": [len(block) for block in plan.tokens],
-        "token_start": [block.start for block in plan.tokens],
-    }
+    phases = {name: phase.to_phase(cycles[name]) for name, phase in plan.phases.items()}
     return Executable(graph=plan.graph, config=cfg, batch=plan.batch, mode="weight_streaming", program=program,
                       routes=list(plan.routes), static=static, transfers=plan.transfers, phases=phases,
-                      sequences=plan.sequences, regions=plan.regions, layout=layout)
+                      sequences=plan.sequences, regions=plan.regions, layout=plan.layout())

@@ -3,14 +3,18 @@ model on the fabric, without the model's code.
 
 An :class:`Executable` holds the PE program, the route table, the static PE
 memory (op lists), the per-step host transfers (index maps between host
-tensors and PE memory), the phases (weight streams in, gradient streams out,
-what each computes, its FMAC count and cycles) and the phase sequences of a
-training step and of an evaluation.
+tensors and PE memory), the phases (:class:`~.schedule.Phase`: weight streams
+in, gradient streams out, what each computes, its FMAC count and cycles), the
+phase sequences of a training step and of an evaluation, and the execution
+mode's layout (:class:`~.layouts.Layout`).
 
-File format: one ``.npz`` archive (written atomically) with ``manifest``
-(UTF-8 JSON: format, version, config, batch, mode, graph, routes, phases
-without their arrays, sequences, regions, layers), ``program`` (the program
-image bytes, :mod:`wse.firmware.image`) and the arrays named in the manifest.
+File format (version :data:`VERSION`): one ``.npz`` archive (written
+atomically) with ``manifest`` (UTF-8 JSON: format, version, config, batch,
+mode, graph, routes, phases without their arrays, sequences, regions,
+layout), ``program`` (the program image bytes, :mod:`wse.firmware.image`) and
+the arrays named in the manifest. A file of another version is refused with
+a :class:`~wse.config.UsageError` naming both versions; bump :data:`VERSION`
+whenever what a manifest field means changes.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ from wse.config import FabricConfig, UsageError
 from wse.firmware.image import Program
 
 from .ir import Graph
+from .layouts import Layout
+from .schedule import Phase
 
 __all__ = ["Executable", "FORMAT", "VERSION"]
 
+#: Identifies an executable file.
 FORMAT = "wse-executable"
+#: The file format version this code writes and reads.
 VERSION = 1
 
 
@@ -56,19 +64,20 @@ class Executable:
     transfers:
         ``{name: (address, int64 [H, W, n])}`` index maps of the per-step copies.
     phases:
-        ``{name: dict}`` with ``group``, ``ops_addr``, ``streams_in``,
-        ``streams_out``, ``math``, ``fmacs`` and ``cycles``.
+        ``{name: Phase}`` (:class:`~.schedule.Phase`).
     sequences:
         ``{"train": [...], "eval": [...]}`` phase names in order.
     regions:
         ``{name: (address, words)}``: the PE memory map.
     layout:
-        Mode-specific facts (JSON-able): layers, tokens per column, ...
+        The mode's layout (a :class:`~.layouts.Layout` of the same ``mode``).
     """
 
     def __init__(self, *, graph: Graph, config: FabricConfig, batch: int, mode: str, program: Program,
-                 routes: list, static: list, transfers: dict, phases: dict, sequences: dict, regions: dict,
-                 layout: dict):
+                 routes: list, static: list, transfers: dict, phases: dict[str, Phase], sequences: dict,
+                 regions: dict, layout: Layout):
+        if not isinstance(layout, Layout) or layout.mode != mode:
+            raise UsageError(f"layout must be the {mode!r} mode's Layout, not {layout!r}")
         self.graph, self.config, self.batch, self.mode = graph, config, int(batch), mode
         self.program, self.routes, self.static = program, routes, static
         self.transfers, self.phases, self.sequences = transfers, phases, sequences
@@ -81,16 +90,14 @@ class Executable:
 
     def cycles(self, sequence: str = "train") -> int:
         """Fabric cycles of one run of ``sequence`` (``"train"`` or ``"eval"``)."""
-        return sum(self.phases[name]["cycles"] for name in self.sequences[sequence])
+        return sum(self.phases[name].cycles for name in self.sequences[sequence])
 
     def summary(self) -> str:
         """A table of the layout, memory map and schedule, for humans."""
         cfg = self.config
         lines = [f"{self.graph.name}: {self.mode} on a {cfg.mesh} mesh, batch {self.batch}, "
                  f"{len(self.program.code)} instructions per PE"]
-        tokens = self.layout.get("tokens", [])
-        if tokens:
-            lines.append(f"tokens per column: {', '.join(str(t) for t in tokens)}; features dealt to rows cyclically")
+        lines += self.layout.describe()
         lines.append("memory per PE (words):")
         for name, (addr, words) in sorted(self.regions.items(), key=lambda item: item[1][0]):
             lines.append(f"  {addr:6d}  {words:6d}  {name}")
@@ -100,10 +107,10 @@ class Executable:
         pes = cfg.num_pes
         for name in self.sequences["train"]:
             phase = self.phases[name]
-            util = phase["fmacs"] / (pes * phase["cycles"]) if phase["cycles"] else 0.0
-            lines.append(f"{name:28s} {phase['group']:16s} {phase['cycles']:9d} {phase['fmacs']:11d} {util:6.3f}")
+            util = phase.fmacs / (pes * phase.cycles) if phase.cycles else 0.0
+            lines.append(f"{name:28s} {phase.group:16s} {phase.cycles:9d} {phase.fmacs:11d} {util:6.3f}")
         total = self.cycles("train")
-        fmacs = sum(self.phases[n]["fmacs"] for n in self.sequences["train"])
+        fmacs = sum(self.phases[n].fmacs for n in self.sequences["train"])
         lines.append(f"{'total':28s} {'':16s} {total:9d} {fmacs:11d} {fmacs / (pes * total) if total else 0:6.3f}")
         return "\n".join(lines)
 
@@ -122,12 +129,7 @@ class Executable:
             arrays[key] = np.asarray(array)
             return key
 
-        phases = {}
-        for name, phase in self.phases.items():
-            phases[name] = dict(phase)
-            phases[name]["streams_in"] = [dict(s, gather=keep(s["gather"]), ctrl=keep(s["ctrl"]))
-                                          for s in phase["streams_in"]]
-            phases[name]["streams_out"] = [dict(s, scatter=keep(s["scatter"])) for s in phase["streams_out"]]
+        phases = {name: phase.to_manifest(keep) for name, phase in self.phases.items()}
         manifest = {
             "format": FORMAT, "version": VERSION, "config": self.config.to_dict(), "batch": self.batch,
             "mode": self.mode, "graph": self.graph.to_dict(),
@@ -136,7 +138,8 @@ class Executable:
             "static": [[int(addr), keep(words)] for addr, words in self.static],
             "transfers": {name: [int(addr), keep(index)] for name, (addr, index) in self.transfers.items()},
             "phases": phases, "sequences": self.sequences,
-            "regions": {name: [int(a), int(w)] for name, (a, w) in self.regions.items()}, "layout": self.layout,
+            "regions": {name: [int(a), int(w)] for name, (a, w) in self.regions.items()},
+            "layout": self.layout.to_dict(),
         }
         arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode("utf-8"), dtype=np.uint8)
         arrays["program"] = np.frombuffer(self.program.to_bytes(), dtype=np.uint8)
@@ -150,7 +153,9 @@ class Executable:
         Raises
         ------
         UsageError
-            If the file is missing or is not a valid executable of this version.
+            If the file is missing, is not a valid executable, or is one of
+            another format version (the message names the version found and
+            the version expected).
         """
         path = Path(path)
         blob = read_input(path)
@@ -160,22 +165,24 @@ class Executable:
             manifest = json.loads(arrays["manifest"].tobytes().decode("utf-8"))
         except (ValueError, KeyError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
             raise UsageError(f"{path} is not a waferscale executable ({type(exc).__name__}: {exc})") from None
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-            raise UsageError(f"{path} is a {manifest.get('format')!r} version {manifest.get('version')!r} file; "
-                             f"expected {FORMAT!r} version {VERSION}")
-        phases = {}
-        for name, phase in manifest["phases"].items():
-            phase = dict(phase)
-            phase["streams_in"] = [dict(s, gather=arrays[s["gather"]], ctrl=arrays[s["ctrl"]])
-                                   for s in phase["streams_in"]]
-            phase["streams_out"] = [dict(s, scatter=arrays[s["scatter"]]) for s in phase["streams_out"]]
-            phases[name] = phase
-        return cls(
-            graph=Graph.from_dict(manifest["graph"]), config=FabricConfig.from_dict(manifest["config"]),
-            batch=manifest["batch"], mode=manifest["mode"],
-            program=Program.from_bytes(arrays["program"].tobytes(), str(path)),
-            routes=[(x, y, c, i, tuple(outs)) for x, y, c, i, outs in manifest["routes"]],
-            static=[(addr, arrays[key]) for addr, key in manifest["static"]],
-            transfers={name: (addr, arrays[key]) for name, (addr, key) in manifest["transfers"].items()},
-            phases=phases, sequences=manifest["sequences"],
-            regions={name: tuple(v) for name, v in manifest["regions"].items()}, layout=manifest["layout"])
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+            raise UsageError(f"{path} is not a waferscale executable (format {found!r}, expected {FORMAT!r})")
+        if manifest.get("version") != VERSION:
+            raise UsageError(f"{path} is a waferscale executable of format version {manifest.get('version')!r}, "
+                             f"but this version of wse reads format version {VERSION}; compile the model again")
+        layout = Layout.for_mode(manifest.get("mode"))
+        try:
+            return cls(
+                graph=Graph.from_dict(manifest["graph"]), config=FabricConfig.from_dict(manifest["config"]),
+                batch=manifest["batch"], mode=manifest["mode"],
+                program=Program.from_bytes(arrays["program"].tobytes(), str(path)),
+                routes=[(x, y, c, i, tuple(outs)) for x, y, c, i, outs in manifest["routes"]],
+                static=[(addr, arrays[key]) for addr, key in manifest["static"]],
+                transfers={name: (addr, arrays[key]) for name, (addr, key) in manifest["transfers"].items()},
+                phases={name: Phase.from_manifest(name, phase, arrays) for name, phase in manifest["phases"].items()},
+                sequences=manifest["sequences"],
+                regions={name: tuple(v) for name, v in manifest["regions"].items()},
+                layout=layout.from_dict(manifest["layout"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{path} is a damaged waferscale executable ({type(exc).__name__}: {exc})") from None

@@ -9,8 +9,10 @@ belongs (weight streaming is the only mode so far, so it always wins).
 * ``weight_streaming`` (:mod:`.weight_streaming`): activations stay on the
   wafer, weights stream in layer by layer, gradients stream out to MemoryX.
 * ``pipelined`` (to come): all weights resident, samples streaming through.
-  It will register a mapper here with its own plan; the executable format,
-  the runtime and the backends are mode-agnostic.
+  It will register a mapper here with its own plan and its own layout
+  (:func:`~.layouts.register_layout`); the executable format, the runtime and
+  the backends are mode-agnostic (they read a layout only through
+  :class:`~.layouts.Layout`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,10 @@ from wse.firmware.kernels.common import block_partition, chain_routes, multicast
 from wse.firmware.training import C_W, training_program
 
 from .ir import Graph, Linear, ReLU, SoftmaxCrossEntropy
+from .layouts import WeightStreamingLayout, WSLayer
+from .schedule import MathOp, Phase, StreamIn, StreamOut
 
-__all__ = ["FitError", "WSLayer", "Phase", "Plan", "plan", "RING", "WRAP", "EAST", "COLORS_USED",
+__all__ = ["FitError", "WSLayer", "PlannedPhase", "Plan", "plan", "RING", "WRAP", "EAST", "COLORS_USED",
            "ring_colors", "ring_capacity"]
 
 #: Colors of the column ring: the chain south (alternating by row) and the wrap north.
@@ -43,66 +45,32 @@ class FitError(UsageError):
     needed and what is available."""
 
 
-@dataclasses.dataclass(frozen=True)
-class WSLayer:
-    """One Linear layer as the mapping sees it.
-
-    Members
-    -------
-    index:
-        Position among the Linear layers (0 is the first).
-    name, weight, bias:
-        Layer name and its parameters' state_dict keys (``bias`` None without one).
-    k, o:
-        Input and output features.
-    relu:
-        Whether a ReLU follows the layer.
-    """
-    index: int
-    name: str
-    weight: str
-    bias: str | None
-    k: int
-    o: int
-    relu: bool
-
-
 @dataclasses.dataclass
-class Phase:
-    """One run of the fabric.
+class PlannedPhase:
+    """One phase of the plan: its per-PE op records and what the executable's
+    :class:`~.schedule.Phase` keeps of it (the cycles come later, from the
+    static cycle model).
 
     Members
     -------
-    name:
-        Human-readable, such as ``"fwd fc1"``.
-    group:
-        ``"forward"``, ``"loss"``, ``"backward-data"`` or ``"backward-weight"``;
-        the streamed GEMMs are the ``forward`` and ``backward-data`` phases.
-    ops_addr:
-        Address of the phase's op list (the same on every PE).
     records:
         ``[H][W]`` lists of op-record word arrays, one list per PE.
-    streams_in:
-        Weight streams: dicts with ``edge``, ``index``, ``color``, ``tensors``
-        (names whose flattened values, then the constants +0.0 and -0.0, form
-        the pool), ``gather`` (pool index per wavelet) and ``ctrl`` (flags).
-    streams_out:
-        Gradient streams: dicts with ``edge``, ``index``, ``color``,
-        ``tensors`` (the gradient pool, flattened in order) and ``scatter``
-        (pool index per wavelet).
-    math:
-        What the phase computes, for the functional backend (JSON-able).
-    fmacs:
-        FMAC elements of the phase, all PEs together.
+    name, group, ops_addr, streams_in, streams_out, math, fmacs:
+        As in :class:`~.schedule.Phase`.
     """
     name: str
     group: str
     ops_addr: int
     records: list
-    streams_in: list
-    streams_out: list
-    math: list
+    streams_in: tuple[StreamIn, ...]
+    streams_out: tuple[StreamOut, ...]
+    math: tuple[MathOp, ...]
     fmacs: int = 0
+
+    def to_phase(self, cycles: int) -> Phase:
+        """The executable's description of this phase, taking ``cycles`` fabric cycles."""
+        return Phase(self.name, self.group, self.ops_addr, tuple(self.streams_in), tuple(self.streams_out),
+                     tuple(self.math), int(self.fmacs), int(cycles))
 
 
 @dataclasses.dataclass
@@ -122,7 +90,7 @@ class Plan:
     regions:
         Name -> (address, words) of every buffer in PE memory.
     phases:
-        Every phase by name, in training order.
+        Every :class:`PlannedPhase` by name, in training order.
     sequences:
         ``{"train": [...], "eval": [...]}``: the phases of a step.
     routes:
@@ -143,6 +111,12 @@ class Plan:
     sequences: dict
     routes: list
     transfers: dict
+
+    def layout(self) -> WeightStreamingLayout:
+        """The executable's record of this mapping."""
+        return WeightStreamingLayout(tuple(self.layers), bool(self.relu_input), self.config.height, self.columns,
+                                     tuple(len(block) for block in self.tokens),
+                                     tuple(block.start for block in self.tokens))
 
 
 def ring_colors(row: int, height: int) -> tuple[int, int]:

@@ -18,7 +18,8 @@ from wse.config import FabricConfig
 from wse.firmware.image import Program
 from wse.firmware.training import C_W, records as rec
 
-from .weight_streaming import EAST, Phase, WSLayer, _local, ring_colors
+from .schedule import Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, StreamIn, StreamOut, WeightGradient
+from .weight_streaming import EAST, PlannedPhase, WSLayer, _local, ring_colors
 
 __all__ = ["Context", "build", "transfers", "sgemm_steps"]
 
@@ -98,9 +99,8 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
         keep = np.concatenate([np.ones((len(o), len(feats)), bool), (p == 0)[:, None]], axis=1)
         flags = np.concatenate([np.zeros((len(o), len(feats)), np.uint8), np.ones((len(o), 1), np.uint8)], axis=1)
         if len(table[keep]):
-            streams.append(dict(edge="W", index=i, color=C_W,
-                                tensors=[layer.weight] + ([layer.bias] if bias else []),
-                                gather=table[keep].astype(np.int64), ctrl=flags[keep]))
+            streams.append(StreamIn("W", i, C_W, (layer.weight,) + ((layer.bias,) if bias else ()),
+                                    table[keep].astype(np.int64), flags[keep]))
     fmacs = outputs * k_total * sum(ctx.T(j) for j in range(cfg.width))
     return records, streams, fmacs
 
@@ -166,8 +166,8 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
             parts.append(part.ravel())
         scatter = np.concatenate(parts).astype(np.int64)
         if len(scatter):
-            streams.append(dict(edge="E", index=i, color=EAST[ctx.columns % 2],
-                                tensors=[layer.weight] + ([layer.bias] if bias else []), scatter=scatter))
+            tensors = (layer.weight,) + ((layer.bias,) if bias else ())
+            streams.append(StreamOut("E", i, EAST[ctx.columns % 2], tensors, scatter))
     fmacs = layer.o * layer.k * sum(ctx.T(j) for j in range(cfg.width))
     return records, streams, fmacs
 
@@ -206,35 +206,35 @@ def _merge(ctx: Context, *parts) -> list:
 def build(ctx: Context) -> tuple[dict, dict]:
     """Every phase of a training step and the phase sequences ``train`` and ``eval``."""
     layers, L = ctx.layers, len(ctx.layers)
-    phases: dict[str, Phase] = {}
+    phases: dict[str, PlannedPhase] = {}
 
     def add(name, group, parts, streams_in=(), streams_out=(), math=(), fmacs=0):
         lists = _merge(ctx, *parts)
         words = max(sum(len(r) for r in lst) for row in lists for lst in row) + rec.HEADER_WORDS
         addr = ctx.mem.take(f"ops:{name}", words, "op lists")
-        phases[name] = Phase(name, group, addr, lists, list(streams_in), list(streams_out), list(math), fmacs)
+        phases[name] = PlannedPhase(name, group, addr, lists, tuple(streams_in), tuple(streams_out), tuple(math),
+                                    fmacs)
 
     for l, layer in enumerate(layers, start=1):
         parts, math = [], []
         if l == 1 and ctx.relu_input:
             parts.append(_relu(ctx, "act0", layer.k))
             parts.append(_transpose(ctx, "act0", "act0tm", layer.k))
-            math.append(dict(op="relu", data="act0"))
+            math.append(Relu("act0"))
         records, streams, fmacs = _sgemm(ctx, layer, False, f"act{l - 1}", f"act{l}")
         parts.append(records)
-        math.append(dict(op="sgemm", weight=layer.weight, bias=layer.bias, x=f"act{l - 1}", y=f"act{l}",
-                         transposed=False))
+        math.append(Sgemm(layer.weight, layer.bias, f"act{l - 1}", f"act{l}"))
         if layer.relu:
             parts.append(_relu(ctx, f"act{l}", layer.o))
-            math.append(dict(op="relu", data=f"act{l}"))
+            math.append(Relu(f"act{l}"))
         if l < L:
             parts.append(_transpose(ctx, f"act{l}", f"act{l}tm", layer.o))
         add(f"fwd {layer.name}", "forward", parts, streams, (), math, fmacs)
     records, fmacs = _softmax(ctx, L)
-    parts, math = [records], [dict(op="softmax", z=f"act{L}", dz=f"grad{L}")]
+    parts, math = [records], [SoftmaxDelta(f"act{L}", f"grad{L}")]
     if layers[-1].relu:
         parts.append(_mask(ctx, f"act{L}", f"grad{L}", layers[-1].o))
-        math.append(dict(op="mask", act=f"act{L}", grad=f"grad{L}"))
+        math.append(ReluMask(f"act{L}", f"grad{L}"))
     add("loss", "loss", parts, math=math, fmacs=fmacs)
     backward = []
     for l in range(L, 0, -1):
@@ -242,15 +242,15 @@ def build(ctx: Context) -> tuple[dict, dict]:
         if l > 1:
             records, streams, fmacs = _sgemm(ctx, layer, True, f"grad{l}", f"grad{l - 1}")
             parts = [records]
-            math = [dict(op="sgemm", weight=layer.weight, bias=None, x=f"grad{l}", y=f"grad{l - 1}", transposed=True)]
+            math = [SgemmTransposed(layer.weight, f"grad{l}", f"grad{l - 1}")]
             if layers[l - 2].relu:
                 parts.append(_mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k))
-                math.append(dict(op="mask", act=f"act{l - 1}", grad=f"grad{l - 1}"))
+                math.append(ReluMask(f"act{l - 1}", f"grad{l - 1}"))
             add(f"bwd-data {layer.name}", "backward-data", parts, streams, (), math, fmacs)
             backward.append(f"bwd-data {layer.name}")
         records, streams, fmacs = _wgrad(ctx, layer, l)
         add(f"bwd-weight {layer.name}", "backward-weight", [records], (), streams,
-            [dict(op="wgrad", weight=layer.weight, bias=layer.bias, x=f"act{l - 1}", dy=f"grad{l}")], fmacs)
+            [WeightGradient(layer.weight, layer.bias, f"act{l - 1}", f"grad{l}")], fmacs)
         backward.append(f"bwd-weight {layer.name}")
     forward = [f"fwd {layer.name}" for layer in layers]
     return phases, {"train": forward + ["loss"] + backward, "eval": forward}

@@ -32,16 +32,20 @@ from typing import Mapping
 import numpy as np
 
 from wse.config import UsageError
+from wse.sim.devices import DEVICES
 
 from .backend import Backend, HostData
+from .loss import cross_entropy, mean_cross_entropy
+from .rtl import device_backend
+from .shard import ShardResult
 
-__all__ = ["Runtime", "StepResult", "BACKENDS", "Backend", "register_backend"]
+__all__ = ["Runtime", "StepResult", "ShardResult", "BACKENDS", "Backend", "register_backend", "cross_entropy",
+           "mean_cross_entropy"]
 
-#: Backend name -> class. The classes are imported on first use.
-BACKENDS: dict[str, str] = {"functional": "wse.host.runtime.functional:FunctionalBackend",
-                            "golden": "wse.host.runtime.golden:GoldenBackend",
-                            "verilator": "wse.host.runtime.rtl:VerilatorBackend",
-                            "icarus": "wse.host.runtime.rtl:IcarusBackend"}
+#: Backend name -> class, or its ``"module:Class"`` path (imported on first use): ``functional``, and
+#: the device backend (:func:`.rtl.device_backend`) of every device of :data:`wse.sim.devices.DEVICES`.
+BACKENDS: dict[str, str | type] = {"functional": "wse.host.runtime.functional:FunctionalBackend",
+                                   **{name: device_backend(name) for name in DEVICES}}
 
 
 def register_backend(name: str, target: str | type) -> None:
@@ -70,7 +74,8 @@ class StepResult:
     loss:
         Mean softmax cross-entropy of the real samples of the batch, computed
         on the host in float64 from the fabric's logits (log-sum-exp minus
-        the label's logit) and rounded to a Python float.
+        the label's logit, :func:`~wse.host.runtime.loss.mean_cross_entropy`)
+        and rounded to a Python float.
     correct:
         Real samples whose argmax logit (first maximum) is the label.
     logits:
@@ -169,8 +174,9 @@ class Runtime:
         """The tokens of ``columns`` as host data (loss deltas scaled by ``1/n``) and
         each column's first token and token count among them."""
         exe = self.executable
-        starts = np.asarray(exe.layout["token_start"], dtype=np.int64)
-        counts = np.asarray(exe.layout["tokens"], dtype=np.int64)
+        blocks = exe.layout.token_blocks()
+        starts = np.array([block.start for block in blocks], dtype=np.int64)
+        counts = np.array([len(block) for block in blocks], dtype=np.int64)
         width = len(counts)
         if not isinstance(columns, range) or columns.step != 1 or not 0 <= columns.start <= columns.stop <= width:
             raise UsageError(f"columns must be a range of step 1 within 0..{width} (the executable's token "
@@ -228,10 +234,7 @@ class Runtime:
         out = self.backend.run("train", host, weights)
         n = host.n
         logits = out.logits[:n]
-        z = logits.astype(np.float64)
-        top = z.max(axis=1, keepdims=True)
-        lse = np.log(np.exp(z - top).sum(axis=1)) + top[:, 0]
-        loss = float(np.mean(lse - z[np.arange(n), y]))
+        loss = mean_cross_entropy(logits, y)
         correct = int(np.count_nonzero(np.argmax(logits, axis=1) == y))
         return StepResult(loss=loss, correct=correct, logits=logits, grads=out.grads,
                           cycles=int(sum(out.cycles.values())), fmac_utilization=self.fmac_utilization(out.cycles),
@@ -244,10 +247,9 @@ class Runtime:
         the executable's static cycle model, which every backend matches.
         """
         exe = self.executable
-        streamed = [name for name in exe.sequences["train"]
-                    if exe.phases[name]["group"] in ("forward", "backward-data")]
-        count = sum(int(cycles[name] if cycles is not None else exe.phases[name]["cycles"]) for name in streamed)
-        fmacs = sum(exe.phases[name]["fmacs"] for name in streamed)
+        streamed = [name for name in exe.sequences["train"] if exe.phases[name].group in exe.layout.gemm_groups]
+        count = sum(int(cycles[name] if cycles is not None else exe.phases[name].cycles) for name in streamed)
+        fmacs = sum(exe.phases[name].fmacs for name in streamed)
         return float(fmacs / (exe.config.num_pes * count)) if count else 0.0
 
     @property
@@ -274,11 +276,11 @@ class Runtime:
             padding's by 0.
         columns:
             A ``range`` (step 1) of the executable's token columns
-            (``layout["tokens"]``), possibly empty.
+            (``executable.layout.token_blocks()``), possibly empty.
 
         Returns
         -------
-        wse.host.swarmx.ShardResult
+        ShardResult
             ``logits`` float32 ``[m, classes]``; ``grad_partials[name]`` float32
             ``[len(columns), *shape]``, row ``i`` the partial gradient sum of
             column ``columns.start + i`` over its tokens in the fabric's order,
@@ -297,7 +299,6 @@ class Runtime:
             For inputs of the wrong type, dtype, shape or range, missing
             weights, or a backend other than ``functional``.
         """
-        from wse.host.swarmx.data_parallel import ShardResult
         exe = self.executable
         host, starts, counts = self._shard_host(x, y, n, columns)
         weights = self._check_weights(weights)

@@ -2,11 +2,14 @@
 (``docs/architecture.md`` section 5): the golden model now, RTL simulators later.
 
 Per phase the driver writes the phase's op-list address into the program's
-``phase_ops`` word, queues the phase's weight streams at the west edge,
-launches ``T_RUN``, runs the fabric until it is idle and collects the
-gradient streams at the east edge. Per step it copies the batch in (and the
-labels' one-hot and scale) and the logits out through the index maps of the
-executable.
+``phase_ops`` word, queues the phase's weight streams
+(:class:`~wse.host.compiler.schedule.StreamIn`), launches ``T_RUN``, runs the
+fabric until it is idle and collects the gradient streams
+(:class:`~wse.host.compiler.schedule.StreamOut`). Per step it copies the
+batch in (and the labels' one-hot and scale) and the logits out through the
+index maps of the executable that its layout names
+(:attr:`~wse.host.compiler.layouts.Layout.host_inputs`,
+:attr:`~wse.host.compiler.layouts.Layout.host_output`).
 """
 
 from __future__ import annotations
@@ -55,14 +58,14 @@ class DeviceBackend(Backend):
         self.device = device
 
     def _copy_in(self, host: HostData) -> None:
-        sources = {"x": host.x, "xtm": host.x, "onehot": host.onehot, "scale": host.scale}
-        for name, values in sources.items():
+        """Copy the step's host data in through the transfers the layout names."""
+        for name, field in self.executable.layout.host_inputs.items():
             addr, index = self.executable.transfers[name]
-            self.device.memcpy_h2d(int(addr), _gather(values, index))
+            self.device.memcpy_h2d(int(addr), _gather(getattr(host, field), index))
 
     def _logits(self) -> np.ndarray:
         exe = self.executable
-        addr, index = exe.transfers["logits"]
+        addr, index = exe.transfers[exe.layout.host_output]
         words = self.device.memcpy_d2h(int(addr), index.shape[2])
         classes = exe.graph.layers[-1].classes
         flat = np.zeros(exe.batch * classes, dtype=np.uint32)
@@ -74,23 +77,22 @@ class DeviceBackend(Backend):
         """Run one phase; gradient streams are scattered into ``grads``; returns its cycles."""
         phase = self.executable.phases[name]
         device = self.device
-        device.memcpy_h2d(self.phase_word, np.array([phase["ops_addr"]], dtype=np.uint32))
-        for stream in phase["streams_in"]:
-            pool = pool_of(weights, stream["tensors"])
-            device.stream_in(stream["edge"], stream["index"], stream["color"], pool[stream["gather"]],
-                             stream["ctrl"])
+        device.memcpy_h2d(self.phase_word, np.array([phase.ops_addr], dtype=np.uint32))
+        for stream in phase.streams_in:
+            pool = pool_of(weights, stream.tensors)
+            device.stream_in(stream.edge, stream.index, stream.color, pool[stream.gather], stream.ctrl)
         device.launch(T_RUN)
         cycles = device.run()
-        for stream in phase["streams_out"]:
-            data = device.stream_out(stream["edge"], stream["index"], stream["color"])
-            if data.size != stream["scatter"].size:
-                raise RuntimeError(f"phase {name}: {data.size} gradient words left row {stream['index']}, "
-                                   f"expected {stream['scatter'].size}")
-            key = tuple(stream["tensors"])
+        for stream in phase.streams_out:
+            data = device.stream_out(stream.edge, stream.index, stream.color)
+            if data.size != stream.scatter.size:
+                raise RuntimeError(f"phase {name}: {data.size} gradient words left row {stream.index}, "
+                                   f"expected {stream.scatter.size}")
+            key = tuple(stream.tensors)
             if key not in grads:
                 size = sum(int(np.prod(self.executable.parameters()[t])) for t in key)
                 grads[key] = np.zeros(size, dtype=np.uint32)
-            grads[key][stream["scatter"]] = data
+            grads[key][stream.scatter] = data
         return int(cycles)
 
     def run(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray]) -> RunResult:

@@ -3,11 +3,15 @@ with the firmware's order of binary32 operations, so its results equal the
 fabric's bit for bit (``tests/test_runtime.py`` checks it against the golden
 model).
 
-Every phase's ``math`` entries are executed in order on whole tensors
-(``[features, batch]``) by the compiled loops of :mod:`.kernels`: the
-streamed GEMMs, the weight gradients, ReLU, the ReLU mask and the softmax
-delta (the last three spelling out the fabric's binary32 rules, tested
-against :mod:`wse.firmware.training.numerics`). Inputs are flushed to zero
+Every phase's ``math`` entries (:mod:`wse.host.compiler.schedule`) are
+executed in order on whole tensors (``[features, batch]``) by the compiled
+loops of :mod:`.kernels`, one method per operation type: the streamed GEMMs,
+the weight gradients, ReLU, the ReLU mask and the softmax delta (the last
+three spelling out the fabric's binary32 rules, tested against
+:mod:`wse.firmware.training.numerics`). The GEMMs' order of partial sums and
+the weight gradients' token columns come from the executable's layout
+(:attr:`~wse.host.compiler.layouts.Layout.feature_rows`,
+:meth:`~wse.host.compiler.layouts.Layout.token_blocks`). Inputs are flushed to zero
 where subnormal, as the fabric's operand flushing does. The cycles of each
 phase are the executable's (the static cycle model, equal to the golden
 model's).
@@ -21,9 +25,12 @@ tokens independently, so the shard's activations equal the whole step's.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
+
+from wse.host.compiler.schedule import (MathOp, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta,
+                                        WeightGradient)
 
 from . import kernels
 from .backend import Backend, HostData, RunResult
@@ -42,6 +49,19 @@ def _flushed(values: np.ndarray) -> np.ndarray:
     return values
 
 
+class _Step:
+    """The tensors of one run of a phase sequence, by name, and what the operations need."""
+
+    def __init__(self, host: HostData, weights: Mapping[str, np.ndarray], starts: np.ndarray, counts: np.ndarray,
+                 shapes: Mapping[str, tuple], partials: bool):
+        self.w = {name: _flushed(value) for name, value in weights.items()}
+        self.acts = {"act0": np.ascontiguousarray(_flushed(host.x).T)}
+        self.grads: dict[str, np.ndarray] = {}
+        self.onehot = np.ascontiguousarray(host.onehot.T)
+        self.scale = host.scale
+        self.starts, self.counts, self.shapes, self.partials = starts, counts, shapes, partials
+
+
 class FunctionalBackend(Backend):
     """Bit-exact host execution of the compiled schedule (see the module docstring)."""
 
@@ -50,9 +70,13 @@ class FunctionalBackend(Backend):
     def __init__(self, executable):
         super().__init__(executable)
         layout = executable.layout
-        self.height = int(layout["height"])
-        self.starts = np.asarray(layout["token_start"], dtype=np.int64)
-        self.counts = np.asarray(layout["tokens"], dtype=np.int64)
+        self.height = int(layout.feature_rows)
+        blocks = layout.token_blocks()
+        self.starts = np.array([block.start for block in blocks], dtype=np.int64)
+        self.counts = np.array([len(block) for block in blocks], dtype=np.int64)
+        self._ops: dict[type, Callable[[_Step, MathOp], None]] = {
+            Sgemm: self._sgemm, SgemmTransposed: self._sgemm_transposed, Relu: self._relu, ReluMask: self._mask,
+            SoftmaxDelta: self._softmax, WeightGradient: self._wgrad}
 
     def run(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray]) -> RunResult:
         return self._execute(sequence, host, weights, self.starts, self.counts, partials=False)
@@ -68,35 +92,37 @@ class FunctionalBackend(Backend):
         ``starts``/``counts``; with ``partials`` the weight gradients are the
         per-column sums (``[columns, *shape]``) instead of their row chain."""
         exe = self.executable
-        shapes = exe.parameters()
-        w = {name: _flushed(value) for name, value in weights.items()}
-        acts = {"act0": np.ascontiguousarray(_flushed(host.x).T)}
-        grads: dict[str, np.ndarray] = {}
-        onehot = np.ascontiguousarray(host.onehot.T)
-        scale = host.scale
+        step = _Step(host, weights, starts, counts, exe.parameters(), partials)
         for name in exe.sequences[sequence]:
-            for op in exe.phases[name]["math"]:
-                kind = op["op"]
-                if kind == "sgemm" and not op["transposed"]:
-                    bias = w[op["bias"]] if op["bias"] else None
-                    acts[op["y"]] = kernels.sgemm(w[op["weight"]], acts[op["x"]], bias, self.height)
-                elif kind == "sgemm":
-                    acts[op["y"]] = kernels.sgemm_transposed(w[op["weight"]], acts[op["x"]], self.height)
-                elif kind == "relu":
-                    acts[op["data"]] = kernels.relu(acts[op["data"]])
-                elif kind == "mask":
-                    acts[op["grad"]] = kernels.relu_mask(acts[op["act"]], acts[op["grad"]])
-                elif kind == "softmax":
-                    acts[op["dz"]] = kernels.softmax_delta(acts[op["z"]], onehot, scale)
-                elif kind == "wgrad":
-                    gradient = kernels.wgrad_partials if partials else kernels.wgrad
-                    dw, db = gradient(acts[op["dy"]], acts[op["x"]], starts, counts)
-                    grads[op["weight"]] = dw.reshape(dw.shape[:-2] + tuple(shapes[op["weight"]]))
-                    if op["bias"]:
-                        grads[op["bias"]] = db
-                else:
-                    raise RuntimeError(f"phase {name}: unknown operation {kind!r}")
-        last = f"act{len(exe.layout['layers'])}"
-        logits = np.ascontiguousarray(acts[last].T)
-        cycles = {name: int(exe.phases[name]["cycles"]) for name in exe.sequences[sequence]}
-        return RunResult(logits, grads, cycles)
+            for op in exe.phases[name].math:
+                run = self._ops.get(type(op))
+                if run is None:
+                    raise RuntimeError(f"phase {name}: no functional execution of {type(op).__name__}")
+                run(step, op)
+        logits = np.ascontiguousarray(step.acts[exe.layout.logits].T)
+        cycles = {name: int(exe.phases[name].cycles) for name in exe.sequences[sequence]}
+        return RunResult(logits, step.grads, cycles)
+
+    # -- one method per operation type ------------------------------------------
+    def _sgemm(self, step: _Step, op: Sgemm) -> None:
+        bias = step.w[op.bias] if op.bias else None
+        step.acts[op.y] = kernels.sgemm(step.w[op.weight], step.acts[op.x], bias, self.height)
+
+    def _sgemm_transposed(self, step: _Step, op: SgemmTransposed) -> None:
+        step.acts[op.y] = kernels.sgemm_transposed(step.w[op.weight], step.acts[op.x], self.height)
+
+    def _relu(self, step: _Step, op: Relu) -> None:
+        step.acts[op.data] = kernels.relu(step.acts[op.data])
+
+    def _mask(self, step: _Step, op: ReluMask) -> None:
+        step.acts[op.grad] = kernels.relu_mask(step.acts[op.act], step.acts[op.grad])
+
+    def _softmax(self, step: _Step, op: SoftmaxDelta) -> None:
+        step.acts[op.dz] = kernels.softmax_delta(step.acts[op.z], step.onehot, step.scale)
+
+    def _wgrad(self, step: _Step, op: WeightGradient) -> None:
+        gradient = kernels.wgrad_partials if step.partials else kernels.wgrad
+        dw, db = gradient(step.acts[op.dy], step.acts[op.x], step.starts, step.counts)
+        step.grads[op.weight] = dw.reshape(dw.shape[:-2] + tuple(step.shapes[op.weight]))
+        if op.bias:
+            step.grads[op.bias] = db

@@ -1,0 +1,176 @@
+"""Each execution mode's layout: the mode-specific facts an executable keeps
+about where the model lives on the fabric.
+
+The runtime and its backends read a layout only through :class:`Layout`'s
+small interface (token columns, feature rows, the tensor holding the logits,
+the host copies of a step, the streamed-GEMM phase groups, a summary); what
+else a mode records stays in its own class. :data:`LAYOUTS` maps a mode name
+to its class, which :meth:`Layout.for_mode` finds when an executable loads.
+
+* :class:`WeightStreamingLayout` (``weight_streaming``): tokens dealt to the
+  mesh columns in contiguous blocks, features dealt to rows cyclically.
+* The layer-pipelined mode will register its own class here.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping
+
+from wse.config import UsageError
+
+__all__ = ["Layout", "WSLayer", "WeightStreamingLayout", "LAYOUTS", "register_layout"]
+
+
+class Layout(abc.ABC):
+    """What the runtime may ask of an execution mode's layout.
+
+    Subclasses are frozen dataclasses named by :attr:`mode`; their dict form
+    (:meth:`to_dict`) is what the executable file stores.
+    """
+
+    #: The execution mode (a key of :data:`LAYOUTS`).
+    mode: ClassVar[str] = ""
+    #: Phase groups whose FMAC elements and cycles give the FMAC utilization a step reports.
+    gemm_groups: ClassVar[tuple[str, ...]] = ()
+    #: Host copies in per step: transfer name (a key of the executable's ``transfers``) -> the
+    #: :class:`~wse.host.runtime.backend.HostData` field it is copied from.
+    host_inputs: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: The transfer the host copies the logits out through.
+    host_output: ClassVar[str] = "logits"
+
+    @property
+    @abc.abstractmethod
+    def logits(self) -> str:
+        """The tensor of the phases' math holding the logits ``[classes, batch]``."""
+
+    @property
+    @abc.abstractmethod
+    def feature_rows(self) -> int:
+        """Rows a tensor's features are dealt to; the order of a GEMM's partial sums depends on it."""
+
+    @abc.abstractmethod
+    def token_blocks(self) -> list[range]:
+        """The batch's tokens by mesh column, in column order (contiguous blocks)."""
+
+    def describe(self) -> list[str]:
+        """Lines for :meth:`~.executable.Executable.summary`."""
+        return []
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The layout as a JSON-able dict."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Layout":
+        """Rebuild a layout from :meth:`to_dict` output."""
+
+    @staticmethod
+    def for_mode(mode: str) -> type["Layout"]:
+        """The layout class of execution mode ``mode``.
+
+        Raises
+        ------
+        UsageError
+            For a mode without a registered layout.
+        """
+        cls = LAYOUTS.get(mode) if isinstance(mode, str) else None
+        if cls is None:
+            raise UsageError(f"execution mode must be one of {', '.join(sorted(LAYOUTS))}, not {mode!r}")
+        return cls
+
+
+@dataclasses.dataclass(frozen=True)
+class WSLayer:
+    """One Linear layer as the weight-streaming mapping sees it.
+
+    Members
+    -------
+    index:
+        Position among the Linear layers (0 is the first).
+    name, weight, bias:
+        Layer name and its parameters' state_dict keys (``bias`` None without one).
+    k, o:
+        Input and output features.
+    relu:
+        Whether a ReLU follows the layer.
+    """
+    index: int
+    name: str
+    weight: str
+    bias: str | None
+    k: int
+    o: int
+    relu: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightStreamingLayout(Layout):
+    """The weight-streaming layout (``docs/weight_streaming.md``).
+
+    Members
+    -------
+    layers:
+        The Linear layers in order, with their ReLU flags.
+    relu_input:
+        Whether a ReLU is applied to the model input.
+    height:
+        Mesh rows: the features of every activation are dealt to rows
+        cyclically, feature ``k`` to row ``k mod height``.
+    columns:
+        Columns holding tokens (``min(width, batch)``).
+    tokens, token_start:
+        Token count and first token of each of those columns.
+    """
+
+    mode: ClassVar[str] = "weight_streaming"
+    gemm_groups: ClassVar[tuple[str, ...]] = ("forward", "backward-data")
+    host_inputs: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {"x": "x", "xtm": "x", "onehot": "onehot", "scale": "scale"})
+
+    layers: tuple[WSLayer, ...]
+    relu_input: bool
+    height: int
+    columns: int
+    tokens: tuple[int, ...]
+    token_start: tuple[int, ...]
+
+    @property
+    def logits(self) -> str:
+        return f"act{len(self.layers)}"
+
+    @property
+    def feature_rows(self) -> int:
+        return self.height
+
+    def token_blocks(self) -> list[range]:
+        return [range(start, start + count) for start, count in zip(self.token_start, self.tokens)]
+
+    def describe(self) -> list[str]:
+        if not self.tokens:
+            return []
+        return [f"tokens per column: {', '.join(str(t) for t in self.tokens)}; features dealt to rows cyclically"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": [dataclasses.asdict(layer) for layer in self.layers], "relu_input": self.relu_input,
+                "height": self.height, "columns": self.columns, "tokens": list(self.tokens),
+                "token_start": list(self.token_start)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "WeightStreamingLayout":
+        return cls(tuple(WSLayer(**layer) for layer in data["layers"]), data["relu_input"], data["height"],
+                   data["columns"], tuple(data["tokens"]), tuple(data["token_start"]))
+
+
+#: Execution mode -> its layout class.
+LAYOUTS: dict[str, type[Layout]] = {WeightStreamingLayout.mode: WeightStreamingLayout}
+
+
+def register_layout(cls: type[Layout]) -> None:
+    """Make a mode's layout class known under ``cls.mode`` (for loading executables)."""
+    if not (isinstance(cls, type) and issubclass(cls, Layout)) or not cls.mode:
+        raise UsageError(f"a layout must be a Layout subclass with a mode name, not {cls!r}")
+    LAYOUTS[cls.mode] = cls

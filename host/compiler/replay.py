@@ -1,0 +1,571 @@
+"""The replay of the static cycle model: every PE's timing ops run, cycle by
+cycle, against the routers, the edge ports and the PE queues.
+
+The rules follow ``docs/architecture.md`` sections 3, 4 and 6 and the golden
+model to the cycle. Every decision of a cycle is taken from the state at its
+start and applied at its end, in this order:
+
+1. router grants (:func:`_grant_routers`): a router scans its colors in
+   rotating priority (from ``t mod colors``) and forwards a color's head when
+   none of its output ports is taken yet this cycle and every target has room
+   (atomic multicast: a neighbour router whose route takes that color from
+   this link and whose FIFO is not full, or the PE's input queue);
+2. edge injections (:func:`_grant_injections`): an edge port with wavelets
+   left sends one, of the first color in the same rotation that its boundary
+   router routes from it and has room for;
+3. output-queue moves (:func:`_grant_tx_moves`): the head of a PE's output
+   queue enters its router when the router routes that color from the ramp
+   and has room;
+4. the PEs' instruction streams (:func:`_step_pes`): a PE goes on through
+   private cycles (``BUSY``) and issues at most one fabric op per cycle (a
+   ``recv``, a vector element, or an ``fmacw`` chunk popping one weight),
+   from start-of-cycle ready bits; a vector element bound for the fabric is
+   written to the output queue one cycle after it issues;
+5. the moves, pops and pushes of 1-4 (:func:`_apply_grants` and the next
+   ones), then the idle skip: when nothing moved and nothing is in flight, the
+   replay jumps to the next cycle at which a PE that was not waiting for the
+   fabric goes on, or reports a hang if there is none.
+
+The replay is compiled (numba). Its state is grouped in named tuples of
+arrays: :class:`Routes` (read-only tables), :class:`EdgePorts`,
+:class:`Queues`, :class:`Cores` and :class:`Events` (one cycle's decisions).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from wse.config import ROUTE_INPUT_NONE, FabricConfig, Port, route_outputs
+from wse.firmware.training.timing import BUSY, END, RECV
+
+__all__ = ["Network", "replay", "TO_ROUTER", "TO_PE", "TO_EDGE"]
+
+_EDGE_PORT = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
+_RAMP = int(Port.RAMP)
+#: Kinds of a route's target: a neighbour router, the router's own PE, the mesh edge (wavelets leave).
+TO_ROUTER, TO_PE, TO_EDGE = 0, 1, 2
+_MAX_TARGETS = 5
+
+# Results of the jitted replay below 0: it hung.
+_OUT_OF_TIME, _DEADLOCK = -1, -2
+
+# Kinds of events, rows of Events.who / Events.color.
+_GRANT = 0       # router ``who`` forwards the head of its FIFO ``color``
+_INJECT = 1      # edge port ``who`` injects a wavelet of ``color``
+_TX_MOVE = 2     # the head of PE ``who``'s output queue enters its router
+_POP = 3         # PE ``who`` pops its input queue ``color``
+_ISSUE = 4       # PE ``who`` issues a vector element for the fabric, of ``color``
+_WRITE = 5       # ... issued last cycle: it enters the output queue this cycle
+_EVENT_KINDS = 6
+
+# How a PE's fabric op went (_recv, _vector_element, _weight_chunk).
+_WAITED = 0      # its fabric operands were not ready: it waits this cycle
+_ISSUED = 1      # it made progress and spent the cycle
+_RETIRED = 2     # it completed the instruction: the PE goes on to the next op
+
+
+class Network:
+    """Route tables as arrays for the replay.
+
+    For router ``r`` (row-major) and color ``c``: ``input_port[r, c]`` is the
+    port the route accepts from (:data:`~wse.config.ROUTE_INPUT_NONE` when
+    there is no route), ``output_mask[r, c]`` its output port bit mask and
+    ``n_targets[r, c]`` its distinct outputs (up to five); for each output
+    ``k``, ``target_kind[r, c, k]`` (:data:`TO_ROUTER`, :data:`TO_PE`,
+    :data:`TO_EDGE`), ``target[r, c, k]`` (the router or PE) and
+    ``target_port[r, c, k]`` (the port a target router must route the color
+    from to accept it).
+
+    Parameters
+    ----------
+    config : FabricConfig
+        The mesh and its queue depths.
+    routes : iterable of (x, y, color, input, outputs)
+        The route table entries, as a plan lists them.
+    """
+
+    def __init__(self, config: FabricConfig, routes):
+        W, H, C = config.width, config.height, config.colors
+        n = W * H
+        self.config = config
+        self.input_port = np.full((n, C), ROUTE_INPUT_NONE, dtype=np.int64)
+        self.output_mask = np.zeros((n, C), dtype=np.int64)
+        self.n_targets = np.zeros((n, C), dtype=np.int64)
+        self.target_kind = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
+        self.target = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
+        self.target_port = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
+        for x, y, color, inp, outputs in routes:
+            r = y * W + x
+            self.input_port[r, color] = ROUTE_INPUT_NONE if inp is None else int(Port(inp))
+            mask, outs = route_outputs(x, y, outputs, W, H)
+            for k, (port, neighbour) in enumerate(outs):
+                if port is Port.RAMP:
+                    self.target_kind[r, color, k], self.target[r, color, k] = TO_PE, r
+                elif neighbour is not None:
+                    self.target_kind[r, color, k], self.target[r, color, k] = TO_ROUTER, neighbour
+                    self.target_port[r, color, k] = int(port.opposite)
+                else:
+                    self.target_kind[r, color, k] = TO_EDGE
+            self.output_mask[r, color] = mask
+            self.n_targets[r, color] = len(outs)
+
+    def port(self, edge: str, index: int) -> tuple[int, int]:
+        """(boundary router, port code) of edge port ``(edge, index)``."""
+        W, H = self.config.width, self.config.height
+        x, y = {"N": (index, 0), "S": (index, H - 1), "W": (0, index), "E": (W - 1, index)}[edge]
+        return y * W + x, int(_EDGE_PORT[edge])
+
+    def routes(self) -> Routes:
+        """The tables and the queue depths, as the compiled replay takes them."""
+        cfg = self.config
+        return Routes(self.input_port, self.output_mask, self.n_targets, self.target_kind, self.target,
+                      self.target_port, cfg.router_depth, cfg.rx_depth, cfg.tx_depth)
+
+
+class Routes(NamedTuple):
+    """The route tables of a :class:`Network` and the fabric's queue depths (read-only)."""
+
+    input_port: np.ndarray
+    output_mask: np.ndarray
+    n_targets: np.ndarray
+    target_kind: np.ndarray
+    target: np.ndarray
+    target_port: np.ndarray
+    router_depth: int
+    rx_depth: int
+    tx_depth: int
+
+
+class EdgePorts(NamedTuple):
+    """The edge ports that inject wavelets: port ``p`` enters boundary router
+    ``router[p]`` through port ``code[p]`` and has ``left[p, c]`` wavelets of
+    color ``c`` left to inject, ``left_total[p]`` in all."""
+
+    router: np.ndarray
+    code: np.ndarray
+    left: np.ndarray
+    left_total: np.ndarray
+
+
+class Queues(NamedTuple):
+    """Occupancy of the fabric's queues.
+
+    ``router_fifo[r, c]``: wavelets in router ``r``'s FIFO of color ``c``;
+    ``busy_fifos[r]``: its non-empty FIFOs (a router with none is skipped);
+    ``rx[p, c]``: wavelets in PE ``p``'s input queue ``c``; the output queue
+    of PE ``p`` is a ring of colors, ``tx_colors[p]``, holding
+    ``tx_count[p]`` wavelets from index ``tx_head[p]``.
+    """
+
+    router_fifo: np.ndarray
+    busy_fifos: np.ndarray
+    rx: np.ndarray
+    tx_colors: np.ndarray
+    tx_head: np.ndarray
+    tx_count: np.ndarray
+
+
+class Cores(NamedTuple):
+    """Each PE's progress through its timing ops.
+
+    ``pc[p]``: the op row PE ``p`` is at; ``free_at[p]``: the first cycle it
+    can go on; ``vector_index[p]``: the elements of its current vector
+    instruction done; ``written_at[p]``: the cycle its last fabric-bound
+    element enters the output queue; ``done[p]``: it reached ``END``;
+    ``waited_at[p]``: the last cycle it waited for the fabric.
+    """
+
+    pc: np.ndarray
+    free_at: np.ndarray
+    vector_index: np.ndarray
+    written_at: np.ndarray
+    done: np.ndarray
+    waited_at: np.ndarray
+
+
+class Events(NamedTuple):
+    """The decisions of one cycle, applied at its end: ``count[kind]`` events
+    of each kind (``_GRANT`` ... ``_WRITE``), the ``i``-th on router, port or
+    PE ``who[kind, i]`` and color ``color[kind, i]``."""
+
+    count: np.ndarray
+    who: np.ndarray
+    color: np.ndarray
+
+
+@njit(cache=True)
+def _record(events, kind, who, color):
+    """Append an event of ``kind``."""
+    count, whos, colors = events.count, events.who, events.color
+    i = count[kind]
+    whos[kind, i] = who
+    colors[kind, i] = color
+    count[kind] = i + 1
+
+
+# ---------------------------------------------------------------- decisions (start-of-cycle state)
+# Speed: numba passes the named tuples to these functions for free as long as
+# a function's arrays need no reference counting, which holds for a loop over
+# routers, PEs or events and for the tiny per-event helpers (_record,
+# _push_fifo, _targets_ready). A small function called per PE that returns
+# from several places while it holds arrays (or calls min/max) makes numba
+# count references on every call and the replay several times slower: the
+# PE's instruction stream is therefore one loop, _step_pes.
+
+@njit(cache=True)
+def _targets_ready(routes, queues, r, c):
+    """Every target of router ``r``'s route of color ``c`` accepts a wavelet (atomic multicast)."""
+    input_port, target_kind, target, target_port = routes.input_port, routes.target_kind, routes.target, \
+        routes.target_port
+    router_fifo, rx = queues.router_fifo, queues.rx
+    for k in range(routes.n_targets[r, c]):
+        kind = target_kind[r, c, k]
+        to = target[r, c, k]
+        if kind == TO_ROUTER:
+            if input_port[to, c] != target_port[r, c, k] or router_fifo[to, c] >= routes.router_depth:
+                return False
+        elif kind == TO_PE:
+            if rx[to, c] >= routes.rx_depth:
+                return False
+    return True
+
+
+@njit(cache=True)
+def _grant_routers(routes, queues, first_color, events):
+    """Step 1: each router's grants, colors in rotating priority from ``first_color``."""
+    output_mask = routes.output_mask
+    router_fifo, busy_fifos = queues.router_fifo, queues.busy_fifos
+    routers, colors = router_fifo.shape
+    for r in range(routers):
+        if busy_fifos[r] == 0:
+            continue
+        ports_used = 0
+        for q in range(colors):
+            c = (first_color + q) % colors
+            if router_fifo[r, c] == 0:
+                continue
+            mask = output_mask[r, c]
+            if mask == 0 or (mask & ports_used) != 0:
+                continue
+            if _targets_ready(routes, queues, r, c):
+                ports_used |= mask
+                _record(events, _GRANT, r, c)
+
+
+@njit(cache=True)
+def _grant_injections(routes, queues, ports, first_color, events):
+    """Step 2: each edge port injects a wavelet of the first color (rotating from
+    ``first_color``) it has left that its router routes from it and has room for."""
+    input_port, router_fifo = routes.input_port, queues.router_fifo
+    router, code, left, left_total = ports.router, ports.code, ports.left, ports.left_total
+    colors = input_port.shape[1]
+    for p in range(router.shape[0]):
+        if left_total[p] == 0:
+            continue
+        r = router[p]
+        for q in range(colors):
+            c = (first_color + q) % colors
+            if left[p, c] > 0 and input_port[r, c] == code[p] and router_fifo[r, c] < routes.router_depth:
+                _record(events, _INJECT, p, c)
+                break
+
+
+@njit(cache=True)
+def _grant_tx_moves(routes, queues, events):
+    """Step 3: the head of each PE's output queue enters its router if the router
+    routes its color from the ramp and has room."""
+    input_port, router_fifo = routes.input_port, queues.router_fifo
+    tx_colors, tx_head, tx_count = queues.tx_colors, queues.tx_head, queues.tx_count
+    for pe in range(tx_count.shape[0]):
+        if tx_count[pe] > 0:
+            c = tx_colors[pe, tx_head[pe]]
+            if input_port[pe, c] == _RAMP and router_fifo[pe, c] < routes.router_depth:
+                _record(events, _TX_MOVE, pe, c)
+
+
+@njit(cache=True)
+def _step_pes(ops, cores, queues, tx_depth, events, t):
+    """Step 4: the PEs' instruction streams in cycle ``t``.
+
+    A PE that can go on runs its private cycles (``BUSY``) and then at most
+    one fabric op: a ``recv``; an ``fmacw`` chunk, which pops one weight and
+    runs up to ``period`` elements, one per cycle; or one element of a vector
+    instruction with fabric operands, which issues when its fabric sources
+    have data and the output queue has room (counting the element issued last
+    cycle, not written yet). A PE whose fabric operands are not ready waits.
+
+    Returns (PEs that made progress on a fabric op, PEs that reached ``END``,
+    the last cycle of those, -1 if none).
+    """
+    pc, free_at, vector_index, written_at, done, waited_at = cores
+    rx, tx_count = queues.rx, queues.tx_count
+    progressed = 0
+    finished = 0
+    last_exit = -1
+    for pe in range(pc.shape[0]):
+        if done[pe] or free_at[pe] > t:
+            continue
+        while True:
+            row = pc[pe]
+            op = ops[row, 0]
+            if op == END:
+                done[pe] = True
+                finished += 1
+                if free_at[pe] - 1 > last_exit:
+                    last_exit = free_at[pe] - 1
+                break
+            if op == BUSY:
+                free_at[pe] += ops[row, 1]
+                pc[pe] += 1
+                continue
+            if free_at[pe] > t:
+                break
+            waits = False
+            if op == RECV:
+                color = ops[row, 1]
+                waits = rx[pe, color] == 0
+                if not waits:
+                    _record(events, _POP, pe, color)
+                    free_at[pe] = t + 1
+                    pc[pe] += 1
+            else:
+                length, source_a, source_b, dest, period = ops[row, 1], ops[row, 2], ops[row, 3], ops[row, 4], \
+                    ops[row, 5]
+                if length == 0:
+                    free_at[pe] = t + 1
+                    pc[pe] += 1
+                elif period > 0:            # fmacw: source_a holds the weights
+                    waits = rx[pe, source_a] == 0
+                    if not waits:
+                        _record(events, _POP, pe, source_a)
+                        chunk = length - vector_index[pe]
+                        if chunk > period:
+                            chunk = period
+                        vector_index[pe] += chunk
+                        free_at[pe] = t + chunk
+                        if vector_index[pe] == length:
+                            vector_index[pe] = 0
+                            pc[pe] += 1
+                            free_at[pe] = t + chunk + 1
+                else:
+                    waits = (source_a >= 0 and rx[pe, source_a] == 0) or (source_b >= 0 and rx[pe, source_b] == 0) \
+                        or (dest >= 0 and tx_count[pe] + (1 if written_at[pe] == t else 0) >= tx_depth)
+                    if not waits:
+                        if source_a >= 0:
+                            _record(events, _POP, pe, source_a)
+                        if source_b >= 0:
+                            _record(events, _POP, pe, source_b)
+                        if dest >= 0:
+                            _record(events, _ISSUE, pe, dest)
+                            written_at[pe] = t + 1
+                        vector_index[pe] += 1
+                        free_at[pe] = t + 1
+                        if vector_index[pe] == length:
+                            vector_index[pe] = 0
+                            pc[pe] += 1
+                            free_at[pe] = t + 2   # the last element is written in the next cycle
+            if waits:
+                free_at[pe] = t + 1
+                waited_at[pe] = t
+                break
+            progressed += 1
+            if pc[pe] == row:   # the instruction goes on next cycle; else on to the next op
+                break
+    return progressed, finished, last_exit
+
+
+# ---------------------------------------------------------------- applying a cycle's events
+
+@njit(cache=True)
+def _push_fifo(queues, r, c):
+    """One wavelet into router ``r``'s FIFO ``c``; 1 if the FIFO was empty."""
+    was_empty = queues.router_fifo[r, c] == 0
+    if was_empty:
+        queues.busy_fifos[r] += 1
+    queues.router_fifo[r, c] += 1
+    return 1 if was_empty else 0
+
+
+@njit(cache=True)
+def _apply_grants(routes, queues, events):
+    """Forward the granted wavelets. Returns the change in non-empty FIFOs."""
+    n_targets, target_kind, target = routes.n_targets, routes.target_kind, routes.target
+    router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
+    who, color = events.who, events.color
+    change = 0
+    for g in range(events.count[_GRANT]):
+        r = who[_GRANT, g]
+        c = color[_GRANT, g]
+        router_fifo[r, c] -= 1
+        if router_fifo[r, c] == 0:
+            busy_fifos[r] -= 1
+            change -= 1
+        for k in range(n_targets[r, c]):
+            kind = target_kind[r, c, k]
+            to = target[r, c, k]
+            if kind == TO_ROUTER:
+                change += _push_fifo(queues, to, c)
+            elif kind == TO_PE:
+                rx[to, c] += 1
+    return change
+
+
+@njit(cache=True)
+def _apply_injections(queues, ports, events):
+    """Inject the granted edge wavelets. Returns the change in non-empty FIFOs."""
+    router, left, left_total = ports.router, ports.left, ports.left_total
+    who, color = events.who, events.color
+    change = 0
+    for g in range(events.count[_INJECT]):
+        p = who[_INJECT, g]
+        c = color[_INJECT, g]
+        left[p, c] -= 1
+        left_total[p] -= 1
+        change += _push_fifo(queues, router[p], c)
+    return change
+
+
+@njit(cache=True)
+def _apply_tx_moves(queues, tx_depth, events):
+    """Move output-queue heads into their routers. Returns the change in non-empty FIFOs."""
+    tx_colors, tx_head, tx_count = queues.tx_colors, queues.tx_head, queues.tx_count
+    who = events.who
+    change = 0
+    for g in range(events.count[_TX_MOVE]):
+        pe = who[_TX_MOVE, g]
+        c = tx_colors[pe, tx_head[pe]]
+        tx_head[pe] = (tx_head[pe] + 1) % tx_depth
+        tx_count[pe] -= 1
+        change += _push_fifo(queues, pe, c)
+    return change
+
+
+@njit(cache=True)
+def _apply_pe_queues(queues, tx_depth, events):
+    """Pop the input queues, write last cycle's fabric-bound elements to the
+    output queues, and carry this cycle's issues over to the next cycle."""
+    rx, tx_colors, tx_head, tx_count = queues.rx, queues.tx_colors, queues.tx_head, queues.tx_count
+    count, who, color = events.count, events.who, events.color
+    for g in range(count[_POP]):
+        rx[who[_POP, g], color[_POP, g]] -= 1
+    for g in range(count[_WRITE]):
+        pe = who[_WRITE, g]
+        tx_colors[pe, (tx_head[pe] + tx_count[pe]) % tx_depth] = color[_WRITE, g]
+        tx_count[pe] += 1
+    issued = count[_ISSUE]
+    for g in range(issued):
+        who[_WRITE, g] = who[_ISSUE, g]
+        color[_WRITE, g] = color[_ISSUE, g]
+    count[_WRITE] = issued
+
+
+@njit(cache=True)
+def _next_wake(cores, t, limit):
+    """After an idle cycle ``t``: the first cycle at which a PE that did not wait
+    for the fabric goes on (PEs waiting for the fabric wait for good now), or
+    ``limit`` if there is none."""
+    done, waited_at, free_at = cores.done, cores.waited_at, cores.free_at
+    wake = limit
+    for pe in range(done.shape[0]):
+        if not done[pe] and waited_at[pe] != t and free_at[pe] < wake:
+            wake = free_at[pe]
+    return wake
+
+
+# ---------------------------------------------------------------- the cycle loop
+
+@njit(cache=True)
+def _new_state(routes, ports, starts):
+    """Empty queues, PEs at their first ops, no events."""
+    routers, colors = routes.input_port.shape
+    queues = Queues(np.zeros((routers, colors), dtype=np.int64), np.zeros(routers, dtype=np.int64),
+                    np.zeros((routers, colors), dtype=np.int64), np.zeros((routers, routes.tx_depth), dtype=np.int64),
+                    np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64))
+    cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64),
+                  np.full(routers, -1, dtype=np.int64), np.zeros(routers, dtype=np.bool_),
+                  np.full(routers, -1, dtype=np.int64))
+    capacity = max(routers * colors, 2 * routers, ports.router.shape[0])
+    events = Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int64),
+                    np.zeros((_EVENT_KINDS, capacity), dtype=np.int64))
+    return queues, cores, events
+
+
+@njit(cache=True)
+def _replay(routes, ports, ops, starts, limit):
+    """The cycles until every PE reached ``END`` and the fabric is empty (the
+    cycle after the last event), or ``_OUT_OF_TIME`` / ``_DEADLOCK``."""
+    queues, cores, events = _new_state(routes, ports, starts)
+    count = events.count
+    colors = routes.input_port.shape[1]
+    tx_depth = routes.tx_depth
+    running = cores.pc.shape[0]          # PEs not at END
+    nonempty_fifos = 0                   # non-empty router FIFOs
+    tx_wavelets = 0                      # wavelets in output queues
+    to_inject = ports.left_total.sum()   # wavelets the edge ports have left
+    last = -1                            # the last cycle with an event
+    t = 0
+    while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
+        if t >= limit:
+            return _OUT_OF_TIME
+        first_color = t % colors
+        count[:_WRITE] = 0
+        _grant_routers(routes, queues, first_color, events)
+        _grant_injections(routes, queues, ports, first_color, events)
+        _grant_tx_moves(routes, queues, events)
+        progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t)
+        running -= finished
+        if last_exit > last:
+            last = last_exit
+        moves = count[_GRANT] + count[_INJECT] + count[_TX_MOVE] + count[_POP] + count[_WRITE]
+        issued = count[_ISSUE]
+        if moves > 0 and t > last:
+            last = t
+        nonempty_fifos += _apply_grants(routes, queues, events)
+        nonempty_fifos += _apply_injections(queues, ports, events)
+        to_inject -= count[_INJECT]
+        nonempty_fifos += _apply_tx_moves(queues, tx_depth, events)
+        tx_wavelets += count[_WRITE] - count[_TX_MOVE]
+        _apply_pe_queues(queues, tx_depth, events)
+        if moves == 0 and issued == 0 and progressed == 0 and nonempty_fifos == 0 and tx_wavelets == 0 and \
+                to_inject == 0:
+            # Nothing moved and nothing is in flight: skip to the next PE that goes on by itself.
+            wake = _next_wake(cores, t, limit)
+            if wake < limit:
+                t = wake
+                continue
+            if running > 0:
+                return _DEADLOCK
+        t += 1
+    return last + 1
+
+
+def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
+           limit: int = 1 << 40) -> int:
+    """Cycles of one run: PE ``p`` executes ``ops[starts[p]:ends[p]]``, the
+    edge ports inject ``inject[(edge, index)][color]`` wavelets.
+
+    Each PE's ops end with ``END`` (as :func:`wse.firmware.training.timing.pe_ops`
+    writes them), which ends its run.
+
+    Raises
+    ------
+    RuntimeError
+        If the replay hangs (a schedule the golden model would report as a hang).
+    """
+    cfg = network.config
+    keys = sorted(inject)
+    router = np.zeros(len(keys), dtype=np.int64)
+    code = np.zeros(len(keys), dtype=np.int64)
+    left = np.zeros((len(keys), cfg.colors), dtype=np.int64)
+    for p, key in enumerate(keys):
+        router[p], code[p] = network.port(*key)
+        for color, count in inject[key].items():
+            left[p, color] += count
+    ports = EdgePorts(router, code, left, left.sum(axis=1))
+    result = _replay(network.routes(), ports, ops, starts.astype(np.int64), limit)
+    if result < 0:
+        raise RuntimeError("the cycle model's replay hung: the schedule would not finish on the fabric")
+    return int(result)
