@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from wse.config import UsageError
 from wse.host.appliance import TrainConfig, load_job, resolve_settings, run_reference, train
 from wse.host.appliance import checkpoint as ckpt
-from wse.host.appliance import training
+from wse.host.appliance import loop, preparation
 from wse.host.appliance.cli import main
 from wse.host.compiler import trace
 from wse.host.memoryx import MemoryX
@@ -107,8 +107,8 @@ def fabric(monkeypatch):
         runtimes.append(runtime)
         return runtime
 
-    monkeypatch.setattr(training, "_compile", StandInExecutable)
-    monkeypatch.setattr(training, "_open_runtime", open_runtime)
+    monkeypatch.setattr(preparation, "_compile", StandInExecutable)
+    monkeypatch.setattr(preparation, "_open_runtime", open_runtime)
     return runtimes
 
 
@@ -164,7 +164,7 @@ def test_stand_in_run_equals_the_pytorch_reference_bit_for_bit(fabric, tmp_path)
     their sums differently with another thread count, so the reference runs with one thread too."""
     config = digits(tmp_path, optimizer="adam", lr=0.002, epochs=2, max_steps=15)
     summary = train(config)
-    with training.optimizer_threads(1):
+    with loop.optimizer_threads(1):
         reference = run_reference(config)
     weights, _ = final_weights(tmp_path / "run")
     assert len(reference.losses) == summary.steps == 15
@@ -272,7 +272,7 @@ def test_a_run_interrupted_before_its_first_checkpoint_can_be_started_again(fabr
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(training, "save_checkpoint", interrupt)
+        patch.setattr(loop, "save_checkpoint", interrupt)
         with pytest.raises(KeyboardInterrupt):
             train(digits(tmp_path))
     out = tmp_path / "run"
@@ -313,6 +313,36 @@ def test_progress_bar_mode_and_loss_curve(tmp_path):
     curve = loss_curve([4.0, 3.0, 2.0, 1.0, 2.0], steps_per_epoch=2, points=2)
     assert curve["first"] == 4.0 and curve["last"] == 2.0 and (curve["min"], curve["min_step"]) == (1.0, 4)
     assert curve["epoch_means"] == [3.5, 1.5, 2.0] and curve["curve"] == [[3, 3.0], [5, 1.5]]
+
+
+def test_one_host_loss_for_steps_and_evaluation():
+    """Evaluation and training steps share the runtime's cross-entropy, whose float64 rule is
+    ``(log(sum(exp(z - top))) + top) - z[label]``: the histories and summaries hold that formula's bits."""
+    from wse.host.appliance import evaluate
+    from wse.host.runtime.loss import cross_entropy, mean_cross_entropy
+
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((37, 10)) * 4).astype(np.float32)
+    labels = rng.integers(0, 10, 37)
+    z = logits.astype(np.float64)
+    top = z.max(axis=1)
+    expected = (np.log(np.exp(z - top[:, None]).sum(axis=1)) + top) - z[np.arange(37), labels]
+    assert np.array_equal(cross_entropy(logits, labels), expected)
+    assert mean_cross_entropy(logits, labels) == float(np.mean(expected))
+
+    class Fixed:                  # forward() hands out the rows of `logits` batch by batch (zero rows padded)
+        def __init__(self):
+            self.start = 0
+
+        def forward(self, x, weights):
+            rows = logits[self.start:self.start + len(x)]
+            self.start += len(x)
+            return np.concatenate([rows, np.zeros((len(x) - len(rows), 10), np.float32)])
+
+    loss, accuracy = evaluate(Fixed(), {}, np.zeros((37, 3), np.float32), labels, 16)
+    sums = [float(expected[i:i + 16].sum()) for i in range(0, 37, 16)]
+    assert loss == (sums[0] + sums[1] + sums[2]) / 37
+    assert accuracy == np.count_nonzero(logits.argmax(axis=1) == labels) / 37
 
 
 # ----------------------------------------------------------------------------- job files and settings

@@ -12,6 +12,13 @@ the run is SwarmX data-parallel over several systems, each its own fabric,
 with the single system's results bit for bit
 (:mod:`~wse.host.appliance.systems`, ``docs/swarmx.md``).
 
+The modules form layers, each importing only those below it: ``cli``;
+``training`` (:func:`train`, :func:`run`); ``systems`` (launching);
+``loop`` (the one training loop, over an engine); ``engines`` (one system,
+or one of N SwarmX systems, in-process or gloo); ``report``;
+``preparation``, ``evaluation``, ``reference``; ``folder``, ``checkpoint``,
+``options``, ``job``.
+
 Example::
 
     from wse.host.appliance import TrainConfig, train
@@ -19,10 +26,14 @@ Example::
     print(summary.test_accuracy, summary.cycles_per_step)
 """
 
+from .evaluation import evaluate
+from .folder import SUMMARY_NAME
 from .job import DATASETS, Job, load_dataset, load_job
 from .options import Settings, TrainConfig, resolve_settings
+from .preparation import Prepared, load_run, prepare
 from .reference import ReferenceRun, ReferenceTrainer, run_reference
-from .training import SUMMARY_NAME, Prepared, RunSummary, evaluate, load_run, prepare, run, train
+from .report import RunSummary
+from .training import run, train
 
 __all__ = [
     "train", "TrainConfig", "RunSummary", "prepare", "run", "Prepared", "Settings", "resolve_settings",

@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run folder (default: runs/<job name>, or runs/<job name>-N "
                                                   "if that one is taken)")
-    run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), verilator or icarus "
-                          f"(the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
+    run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), verilator "
+                                       f"or icarus (the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
     run.add_argument("--mesh", metavar="WxH", help=f"fabric mesh (default {DEFAULT_MESH})")
     run.add_argument("--systems", type=int, metavar="N",
                      help="systems sharing each batch (default 1; under torchrun: its process count)")

@@ -25,8 +25,9 @@ from wse.host.data import Batches
 from wse.host.memoryx import OptimizerConfig
 
 from .job import load_job
+from .evaluation import evaluate
 from .options import TrainConfig, resolve_settings
-from .training import evaluate, load_run
+from .preparation import load_run
 
 __all__ = ["ReferenceTrainer", "ReferenceRun", "run_reference"]
 

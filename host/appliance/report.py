@@ -7,7 +7,8 @@
   ends it), so a resumed run purges what an interrupted one wrote after its
   checkpoint.
 - :class:`RunSummary` and :func:`finish_run`: ``summary.json`` and what the
-  run returns; :func:`loss_curve` condenses the per-step losses for it.
+  run returns; :func:`loss_curve` condenses the per-step losses for it and
+  :func:`systems_report` describes the systems that ran it.
 """
 
 from __future__ import annotations
@@ -24,22 +25,16 @@ from typing import IO, TYPE_CHECKING, Any, Mapping, Sequence
 from wse.atomic import atomic_open
 from wse.host.memoryx import OPTIMIZERS, OptimizerConfig
 
+from .folder import (ELASTIC_NAME, EXECUTABLE_NAME, FABRIC_NAME, LOG_NAME, SCRATCH_DIR, SUMMARY_NAME,
+                     TENSORBOARD_DIR)
+
 if TYPE_CHECKING:
-    from .training import Prepared
+    from .preparation import Prepared
 
-__all__ = ["Progress", "Scalars", "RunSummary", "finish_run", "loss_curve", "optimizer_text", "write_json",
-           "SUMMARY_NAME", "EXECUTABLE_NAME", "LOG_NAME", "FABRIC_NAME", "TENSORBOARD_DIR", "ELASTIC_NAME",
-           "SCRATCH_DIR"]
-
-SUMMARY_NAME = "summary.json"
-EXECUTABLE_NAME = "executable.npz"
-LOG_NAME = "train.log"
-FABRIC_NAME = "fabric.txt"
-TENSORBOARD_DIR = "tensorboard"
-#: The file naming the ``torchrun`` job that started a run (for automatic restarts).
-ELASTIC_NAME = "elastic.json"
-#: The folder that holds MemoryX's disk tier while a run with ``--memoryx-budget`` trains.
-SCRATCH_DIR = "memoryx-disk"
+# The file names are the run folder's (wse.host.appliance.folder), re-exported here.
+__all__ = ["Progress", "Scalars", "RunSummary", "finish_run", "systems_report", "loss_curve", "optimizer_text",
+           "write_json", "SUMMARY_NAME", "EXECUTABLE_NAME", "LOG_NAME", "FABRIC_NAME", "TENSORBOARD_DIR",
+           "ELASTIC_NAME", "SCRATCH_DIR"]
 
 
 def _fmt_step(step: int, total: int, epoch: float, loss: float, accuracy: float, cycles: float,
@@ -267,12 +262,29 @@ def optimizer_text(config: OptimizerConfig) -> str:
     return f"{config.name}({changed})"
 
 
+def systems_report(engine: Any) -> dict:
+    """The summary's ``"systems"`` entry for the engine of system 0 (see :func:`finish_run`).
+
+    ``count`` and ``transport`` of the systems, ``swarmx`` (the link model and
+    :class:`~wse.host.swarmx.StepCycles` of a step, None without them) and
+    ``memoryx`` (``engine.memoryx_report()``).
+    """
+    report = {"count": engine.systems, "transport": engine.transport, "swarmx": None,
+              "memoryx": engine.memoryx_report()}
+    if engine.swarmx is not None:
+        links = engine.links
+        report["swarmx"] = {"link": {"wavelets_per_cycle": links.wavelets_per_cycle,
+                                     "hop_latency": links.hop_latency, "fanout": links.fanout},
+                            "reduce_order": "chain", **engine.swarmx.to_dict()}
+    return report
+
+
 def finish_run(p: "Prepared", trainer: dict, resumed_from: int | None, steps_before: int,
                train_acc: float | None, test_acc: float, test_loss: float, wall: float, step_s: float,
                checkpoint: Path | None, systems: dict | None = None) -> RunSummary:
     """Write ``summary.json`` for a run that has done its steps and return its :class:`RunSummary`.
 
-    ``p`` is the :class:`~wse.host.appliance.training.Prepared` run, ``trainer``
+    ``p`` is the :class:`~wse.host.appliance.preparation.Prepared` run, ``trainer``
     its trainer state (history, epoch records), ``steps_before`` the step it
     started from in this invocation and ``step_s`` the seconds its steps took.
     ``systems`` (the summary's ``"systems"`` entry) describes the systems of

@@ -1,17 +1,10 @@
-"""Training on one system or on N systems joined by SwarmX (``wse train --systems N``).
+"""Launching a run on one system or on N systems joined by SwarmX (``wse train --systems N``).
 
-A run's steps are driven by an *engine*, one per system, with the same calls
-whatever the number of systems, so the training loop
-(:func:`wse.host.appliance.training.run`) is written once:
-
-- :class:`OneSystem`: whole steps (``Runtime.train_step`` with the weights of
-  a MemoryX, then the MemoryX optimizer step);
-- :class:`SwarmSystem`: one system's share of a data-parallel step
-  (:class:`~wse.host.swarmx.DataParallel`: weights broadcast from the MemoryX
-  shards, ``Runtime.train_shard`` on the system's token columns, gradients
-  reduced in the fixed order), with this system's
-  :class:`~wse.host.memoryx.ShardedMemoryX` shard. N systems give one
-  system's bits (``docs/swarmx.md``).
+Each system of a run gets an engine (:mod:`~wse.host.appliance.engines`:
+:class:`~wse.host.appliance.engines.OneSystem` or
+:class:`~wse.host.appliance.engines.SwarmSystem`) and runs the one training
+loop (:func:`~wse.host.appliance.loop.train_loop`) over it
+(:func:`run_system`). N systems give one system's bits (``docs/swarmx.md``).
 
 Launching (:func:`detect_launch`): under ``torchrun`` (the environment holds
 ``RANK`` and ``WORLD_SIZE``) every process is one system and the systems talk
@@ -38,22 +31,23 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 
 from wse.config import UsageError
 from wse.host.data import Batches
-from wse.host.memoryx import MemoryX, NonFiniteGradientError, ShardedMemoryX, TieredStore
-from wse.host.swarmx import (DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, DataParallel, LinkModel, init_gloo,
-                             phase_traffic, run_inprocess, token_blocks)
+from wse.host.memoryx import ShardedMemoryX, TieredStore
+from wse.host.swarmx import DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, init_gloo, run_inprocess
 
-from . import training
+from .checkpoint import latest_checkpoint
+from .engines import OneSystem, SwarmSystem
+from .folder import ELASTIC_NAME, SCRATCH_DIR
+from .loop import optimizer_threads, train_loop
 from .options import TrainConfig
-from .report import ELASTIC_NAME, SCRATCH_DIR, write_json
+from .preparation import Prepared, prepare
+from .report import RunSummary, write_json
 
-__all__ = ["Launch", "detect_launch", "StepReport", "OneSystem", "SwarmSystem", "run_system", "run_systems",
-           "train_gloo", "describe_launch"]
+__all__ = ["Launch", "detect_launch", "run_system", "run_systems", "train_gloo"]
 
 
 # ------------------------------------------------------------------ launching
@@ -116,161 +110,9 @@ def detect_launch(config: TrainConfig, environ=None) -> Launch:
                   _env_int(env, "TORCHELASTIC_MAX_RESTARTS", 0), identity)
 
 
-# ------------------------------------------------------------------ engines
-@dataclasses.dataclass
-class StepReport:
-    """One training step as the loop records it (the same on every system).
-
-    Members
-    -------
-    loss : float
-    correct : int
-    cycles : int
-        Fabric cycles of the step on one system (the slowest).
-    utilization : float
-        FMAC utilization of the streamed GEMMs.
-    phases : dict of str to int
-        Fabric cycles per phase.
-    """
-
-    loss: float
-    correct: int
-    cycles: int
-    utilization: float
-    phases: dict
-
-
-def _swarmx_cycles(executable, systems: int):
-    """:class:`~wse.host.swarmx.StepCycles` of the executable's step on ``systems`` systems, or None for an
-    executable without phases."""
-    if not hasattr(executable, "phases") or not hasattr(executable, "sequences"):
-        return None
-    links = LinkModel.for_fabric(executable.config)
-    return links, links.streamed_step(phase_traffic(executable), systems, "chain")
-
-
-def _tier_report(store, budget: int | None) -> dict | None:
-    if budget is None:
-        return None
-    return {"budget_bytes": budget, "resident_bytes": int(store.resident_bytes), "disk_bytes": int(store.disk_bytes)}
-
-
-class OneSystem:
-    """Whole steps on one system (the single-system run).
-
-    Parameters
-    ----------
-    runtime : Runtime
-    memoryx : MemoryX
-        Weights and optimizer state (possibly over a :class:`~wse.host.memoryx.TieredStore`).
-    executable : Executable
-        For the SwarmX link figures of one system fed by MemoryX.
-    budget : int, optional
-        The MemoryX budget in bytes (with a tiered store).
-    """
-
-    systems, rank, root, transport = 1, 0, True, None
-
-    def __init__(self, runtime, memoryx: MemoryX, executable, *, budget: int | None = None):
-        self.runtime, self.memoryx, self.budget = runtime, memoryx, budget
-        self.links, self.swarmx = _swarmx_cycles(executable, 1) or (None, None)
-
-    def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
-        """Train on the batch and apply the optimizer step."""
-        mx = self.memoryx
-        weights = dict(mx.stream_weights()) if self.budget is not None else \
-            {name: mx.weight(name) for name in mx.names()}
-        result = self.runtime.train_step(x, y, weights)
-        mx.hint("prefetch", mx.names())
-        try:
-            mx.apply_gradients(result.grads)
-        finally:
-            mx.hint("release", mx.names())
-        return StepReport(float(result.loss), int(result.correct), int(result.cycles),
-                          float(result.fmac_utilization), {k: int(v) for k, v in dict(result.phases).items()})
-
-    def weights(self) -> dict[str, np.ndarray]:
-        """The whole weights, for evaluation."""
-        return {name: self.memoryx.weight(name) for name in self.memoryx.names()}
-
-    def save(self, write: Callable[[MemoryX], Path]) -> Path:
-        """``write(memoryx)``: a checkpoint of the whole MemoryX."""
-        return write(self.memoryx)
-
-    def memoryx_report(self) -> dict | None:
-        """RAM and disk bytes of MemoryX under a budget (None without one)."""
-        return _tier_report(self.memoryx.store, self.budget)
-
-
-class SwarmSystem:
-    """One system of a data-parallel run: its runtime, its MemoryX shard, the group.
-
-    Parameters
-    ----------
-    group : Group
-        The systems (this one is ``group.rank``).
-    runtime : Runtime
-        This system's fabric (a backend with ``train_shard``).
-    memoryx : ShardedMemoryX
-        This system's MemoryX shard.
-    executable : Executable
-        The single system's program: its token columns are dealt to the systems.
-    transport : str
-        ``"inprocess"`` or ``"gloo"``, for reports.
-    budget : int, optional
-        The MemoryX budget per shard in bytes; checkpoints are then gathered
-        into a tiered store under ``scratch`` too.
-    scratch : Path, optional
-        This system's disk-tier folder.
-    """
-
-    def __init__(self, group, runtime, memoryx: ShardedMemoryX, executable, *, transport: str,
-                 budget: int | None = None, scratch: Path | None = None):
-        self.group, self.runtime, self.memoryx = group, runtime, memoryx
-        self.systems, self.rank, self.root, self.transport = group.size, group.rank, group.rank == 0, transport
-        self.budget, self.scratch = budget, scratch
-        self.links, self.swarmx = _swarmx_cycles(executable, group.size)
-        self.trainer = DataParallel(group, runtime, memoryx, token_blocks(executable), links=self.links)
-        self.utilization = runtime.fmac_utilization()
-        self.phases = {name: int(executable.phases[name]["cycles"]) for name in executable.sequences["train"]}
-
-    def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
-        """This system's part of a data-parallel step on the global batch ``(x, y)``; a collective."""
-        try:
-            result = self.trainer.step(x, y)
-        except NonFiniteGradientError as exc:       # raised on every system alike: system 0 reports it
-            exc.echo = not self.root
-            raise
-        return StepReport(result.loss, result.correct, result.compute_cycles, self.utilization, dict(self.phases))
-
-    def weights(self) -> dict[str, np.ndarray] | None:
-        """The whole weights on system 0 (None elsewhere); a collective."""
-        weights = {name: self.memoryx.weight(name, dst=0) for name in self.memoryx.names()}
-        return weights if self.root else None
-
-    def save(self, write: Callable[[MemoryX], Path]) -> Path | None:
-        """Gather the whole MemoryX to system 0, which calls ``write(memoryx)``; a collective."""
-        store, folder = None, None
-        if self.root and self.budget is not None:
-            folder = self.scratch.with_name(self.scratch.name + "-checkpoint")
-            shutil.rmtree(folder, ignore_errors=True)
-            store = TieredStore(self.budget, folder)
-        try:
-            whole = self.memoryx.gather(0, store=store)
-            return write(whole) if self.root else None
-        finally:
-            if store is not None:
-                store.close()
-                shutil.rmtree(folder, ignore_errors=True)
-
-    def memoryx_report(self) -> dict | None:
-        """RAM and disk bytes of this system's MemoryX shard under a budget (None without one)."""
-        return _tier_report(self.memoryx.local.store, self.budget)
-
-
 # ------------------------------------------------------------------ running
-def run_system(prepared, stream=None, *, group=None, source: list | None = None, transport: str = "inprocess",
-               identity: dict | None = None):
+def run_system(prepared: Prepared, stream=None, *, group=None, source: list | None = None,
+               transport: str = "inprocess", identity: dict | None = None) -> RunSummary | None:
     """Run one system of a prepared run to its end; returns the summary on system 0, None elsewhere.
 
     Parameters
@@ -288,7 +130,7 @@ def run_system(prepared, stream=None, *, group=None, source: list | None = None,
     """
     rank = 0 if group is None else group.rank
     if rank == 0:
-        training._start_folder(prepared)
+        prepared.start_folder()
         if identity is not None:
             write_json(prepared.out / ELASTIC_NAME, identity)
     if group is not None:
@@ -312,7 +154,7 @@ def run_system(prepared, stream=None, *, group=None, source: list | None = None,
         if source:
             group.barrier()
             source.clear()
-        return training._run(prepared, stream, engine)
+        return train_loop(prepared, engine, stream=stream)
     finally:
         if store is not None:
             store.close()
@@ -329,13 +171,13 @@ def _inprocess_system(group, prepared, source: list, batches_state: dict, traine
         mine = prepared
     else:
         mine = dataclasses.replace(
-            prepared, runtime=training._open_runtime(prepared.executable, prepared.settings.backend),
+            prepared, runtime=prepared.open_runtime(),
             batches=Batches.from_state(*prepared.train_data, batches_state),
             trainer=copy.deepcopy(trainer))
     return run_system(mine, stream, group=group, source=source, transport="inprocess")
 
 
-def run_systems(prepared, stream=None):
+def run_systems(prepared: Prepared, stream=None) -> RunSummary:
     """Run a prepared run on ``prepared.settings.systems`` systems of this process; system 0's summary."""
     systems = prepared.settings.systems
     if systems == 1:
@@ -402,7 +244,7 @@ def _restart_mode(config: TrainConfig, identity: dict) -> str:
         recorded = None
     if recorded != identity:
         return "as-given"
-    return "resume" if training.latest_checkpoint(out) is not None else "overwrite"
+    return "resume" if latest_checkpoint(out) is not None else "overwrite"
 
 
 def _restarted(config: TrainConfig, launch: Launch, group) -> TrainConfig:
@@ -429,7 +271,7 @@ def _restarted(config: TrainConfig, launch: Launch, group) -> TrainConfig:
     return config
 
 
-def train_gloo(config: TrainConfig, launch: Launch, stream=None):
+def train_gloo(config: TrainConfig, launch: Launch, stream=None) -> RunSummary | None:
     """This process's system of a run under ``torchrun`` (gloo); the summary on system 0, None elsewhere.
 
     Every system prepares the run (checks, data, compilation, the checkpoint
@@ -449,7 +291,7 @@ def train_gloo(config: TrainConfig, launch: Launch, stream=None):
         config = _restarted(config, launch, group)
         prepared, error, problem = None, None, None
         try:
-            prepared = training.prepare(config)
+            prepared = prepare(config)
         except UsageError as exc:
             error, problem = exc, str(exc)
         except Exception as exc:               # noqa: BLE001 - told to the others, then raised here
@@ -459,15 +301,8 @@ def train_gloo(config: TrainConfig, launch: Launch, stream=None):
             error.echo = True                  # system 0 reports it
         if error is not None:
             raise error
-        with training.optimizer_threads(1):
+        with optimizer_threads(1):
             return run_system(prepared, stream, group=group, transport="gloo", identity=launch.identity)
     finally:
         if group is not None:
             group.close()
-
-
-def describe_launch(engine: Any) -> str:
-    """``"2 systems (gloo)"``, ``"4 systems (in-process)"`` or ``"1 system"``, for messages."""
-    if engine.systems == 1:
-        return "1 system"
-    return f"{engine.systems} systems ({'in-process' if engine.transport == 'inprocess' else engine.transport})"

@@ -33,33 +33,15 @@ import numpy as np
 
 from wse.config import UsageError
 from wse.firmware.kernels.common import block_partition
+from wse.host.runtime.loss import mean_cross_entropy
+from wse.host.runtime.shard import ShardResult
 
 from .links import LinkModel, PhaseTraffic
 
+# ShardResult (the hook's result) and mean_cross_entropy (the host's loss) belong to the runtime layer;
+# they are re-exported here for SwarmX's callers.
 __all__ = ["ShardResult", "System", "DataParallel", "DataParallelResult", "column_shards", "token_blocks",
            "phase_traffic", "mean_cross_entropy"]
-
-
-@dataclasses.dataclass
-class ShardResult:
-    """What a system returns for its share of a global batch (the runtime hook's result).
-
-    Members
-    -------
-    logits : float32 ``[m, classes]``
-        Logits of the ``m`` real samples given, in order.
-    grad_partials : dict of str to float32 ``[len(columns), *shape]``
-        For every parameter (PyTorch names and shapes) and every column ``j``
-        of ``columns``, in order: the column's partial weight-gradient sum
-        ``+0 + g(t0) + g(t0 + 1) + ...`` over its tokens (padding included) in
-        the fabric's order, before the row chain adds the columns together.
-    cycles : int
-        Fabric cycles this system spent on the step.
-    """
-
-    logits: np.ndarray
-    grad_partials: dict
-    cycles: int
 
 
 class System(Protocol):
@@ -96,9 +78,8 @@ def column_shards(columns: int, systems: int) -> list[range]:
 
 
 def token_blocks(executable) -> list[range]:
-    """The token block of each column of a compiled executable (``layout["token_start"]``, ``["tokens"]``)."""
-    layout = executable.layout
-    return [range(int(s), int(s) + int(c)) for s, c in zip(layout["token_start"], layout["tokens"])]
+    """The token block of each column of a compiled executable (``executable.layout.token_blocks()``)."""
+    return list(executable.layout.token_blocks())
 
 
 def phase_traffic(executable, sequence: str = "train") -> list[PhaseTraffic]:
@@ -112,20 +93,11 @@ def phase_traffic(executable, sequence: str = "train") -> list[PhaseTraffic]:
     shapes = executable.parameters()
 
     def nbytes(streams) -> int:
-        names = {name for stream in streams for name in stream["tensors"]}
+        names = {name for stream in streams for name in stream.tensors}
         return sum(4 * int(np.prod(shapes[name], dtype=np.int64)) for name in names)
 
-    return [PhaseTraffic(name, int(phase["cycles"]), nbytes(phase["streams_in"]), nbytes(phase["streams_out"]))
+    return [PhaseTraffic(name, int(phase.cycles), nbytes(phase.streams_in), nbytes(phase.streams_out))
             for name, phase in ((name, executable.phases[name]) for name in executable.sequences[sequence])]
-
-
-def mean_cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
-    """Mean softmax cross-entropy of float32 ``logits [n, classes]`` in float64: log-sum-exp minus
-    the label's logit, as ``wse.host.runtime.Runtime.train_step`` computes its loss."""
-    z = logits.astype(np.float64)
-    top = z.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z - top).sum(axis=1)) + top[:, 0]
-    return float(np.mean(lse - z[np.arange(len(y)), y]))
 
 
 @dataclasses.dataclass
@@ -135,7 +107,8 @@ class DataParallelResult:
     Members
     -------
     loss : float
-        :func:`mean_cross_entropy` of the whole global batch.
+        :func:`~wse.host.runtime.loss.mean_cross_entropy` of the whole global batch (as a single
+        system's ``Runtime.train_step`` computes it).
     correct : int
         Real samples whose first maximal logit is the label.
     logits : float32 ``[n, classes]`` or None

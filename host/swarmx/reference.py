@@ -29,8 +29,8 @@ from wse.config import UsageError
 from wse.firmware.kernels.common import block_partition
 from wse.firmware.training import numerics as fw_numerics
 from wse import numerics as fp
-
-from .data_parallel import ShardResult, mean_cross_entropy
+from wse.host.runtime.loss import mean_cross_entropy
+from wse.host.runtime.shard import ShardResult
 
 __all__ = ["ReferenceSystem", "ReferenceStep"]
 

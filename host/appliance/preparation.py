@@ -1,0 +1,168 @@
+"""The first stage of a run: read and check everything, write nothing (:func:`prepare`).
+
+:func:`prepare` resolves the options, imports the job file, loads the data,
+compiles the model for weight streaming, opens the runtime and loads the
+checkpoint to resume; any problem raises :class:`~wse.config.UsageError`
+before the run folder is touched. The result, a :class:`Prepared` run, is
+what the training loop (:func:`wse.host.appliance.loop.train_loop`) runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wse.config import FabricConfig, UsageError
+from wse.host.data import Batches
+from wse.host.memoryx import MemoryX
+
+from .checkpoint import latest_checkpoint, load_checkpoint
+from .folder import choose_run_folder, start_run_folder
+from .job import Job, load_dataset, load_job
+from .options import Settings, TrainConfig, resolve_settings
+
+__all__ = ["Prepared", "prepare", "load_run"]
+
+
+def _compile(model: torch.nn.Module, example_input: torch.Tensor, fabric: FabricConfig, batch: int):
+    """Compile ``model`` for weight-streaming training (the compiler is imported when first needed)."""
+    from wse.host.compiler import compile_model
+
+    return compile_model(model, example_input, config=fabric, batch=batch, mode="weight_streaming",
+                         loss="cross_entropy")
+
+
+def _open_runtime(executable: Any, backend: str):
+    from wse.host.runtime import Runtime
+
+    return Runtime(executable, backend=backend)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A checked run, ready to start; nothing has been written yet (see :func:`prepare`)."""
+
+    config: TrainConfig
+    settings: Settings
+    job: Job
+    out: Path
+    replace_out: bool
+    train_data: tuple[np.ndarray, np.ndarray]
+    test_data: tuple[np.ndarray, np.ndarray]
+    model: torch.nn.Module
+    executable: Any
+    runtime: Any
+    memoryx: Any                # the whole MemoryX; while training, this system's (a ShardedMemoryX on N systems)
+    batches: Batches
+    trainer: dict | None        # the resumed checkpoint's trainer state
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.batches)
+
+    @property
+    def total_steps(self) -> int:
+        total = self.settings.epochs * self.steps_per_epoch
+        return min(total, self.settings.max_steps) if self.settings.max_steps is not None else total
+
+    def open_runtime(self):
+        """A new runtime of the run's executable on its backend (each system of this process has its own)."""
+        return _open_runtime(self.executable, self.settings.backend)
+
+    def start_folder(self) -> None:
+        """Create the run folder (replacing the run it holds with ``--overwrite``) and write the executable
+        there; system 0 does this once all systems are prepared."""
+        start_run_folder(self.out, self.executable, replace=self.replace_out)
+
+
+def _fit_parameters(executable: Any, model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    params = {name: tuple(shape) for name, shape in executable.parameters().items()}
+    state = model.state_dict()
+    for name, shape in params.items():
+        if name not in state or tuple(state[name].shape) != shape:
+            raise RuntimeError(f"the executable streams parameter {name!r} of shape {shape}, "
+                               f"which the model does not hold")
+    return params
+
+
+def load_run(job: Job, settings: Settings) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray],
+                                                     torch.nn.Module]:
+    """The training and test splits of a run and its model with its initial weights.
+
+    The model gets the data's feature count and class count, and ``torch``
+    is seeded with the run's seed just before it is built.
+    """
+    train_data = load_dataset(settings.dataset, "train", settings.mnist_dir)
+    test_data = load_dataset(settings.dataset, "test", settings.mnist_dir)
+    if settings.batch > len(train_data[0]):
+        raise UsageError(f"--batch {settings.batch} exceeds the {len(train_data[0])} training samples of "
+                         f"{settings.dataset}")
+    classes = int(max(train_data[1].max(), test_data[1].max())) + 1
+    return train_data, test_data, job.model(train_data[0].shape[1], classes, settings.seed)
+
+
+def prepare(config: TrainConfig) -> Prepared:
+    """Check and load everything a run needs, without writing anything.
+
+    Raises
+    ------
+    UsageError
+        For a bad option, job file, data set or checkpoint, a model the
+        compiler cannot map (``UnsupportedModelError``: every problem listed)
+        or one that does not fit the fabric.
+    """
+    if not isinstance(config, TrainConfig):
+        raise UsageError(f"config must be a TrainConfig, not {type(config).__name__}")
+    config.check()
+    job = load_job(config.example)
+    out, replace_out = choose_run_folder(config, job)
+    trainer, saved_memoryx, saved = None, None, None
+    if config.resume:
+        folder = latest_checkpoint(out) if out.is_dir() else None
+        if folder is None:
+            raise UsageError(f"--resume: run folder {str(out)!r} has no checkpoint to resume from; "
+                             "start the run again with --overwrite")
+        trainer, saved_memoryx = load_checkpoint(folder)
+        saved = Settings.from_dict(trainer.get("settings"))
+    settings = resolve_settings(config, job, saved)
+    (x_train, y_train), (x_test, y_test), model = load_run(job, settings)
+    width, height = settings.mesh_shape
+    fabric = FabricConfig(width=width, height=height)
+    executable = _compile(model, torch.from_numpy(x_train[:settings.batch].copy()), fabric, settings.batch)
+    params = _fit_parameters(executable, model)
+    if saved_memoryx is None:
+        state = model.state_dict()
+        memoryx = MemoryX.from_state_dict({name: state[name].detach().numpy().copy() for name in params},
+                                          settings.optimizer_config, order=list(params))
+        batches = Batches(x_train, y_train, settings.batch, seed=settings.seed, drop_last=True)
+    else:
+        held = {name: saved_memoryx.shape(name) for name in saved_memoryx.names()}
+        if held != params:
+            raise UsageError(f"the checkpoint in {str(out)!r} holds tensors {held}, but the model of "
+                             f"{job.path.name} has {params}; the job file changed since the run started")
+        memoryx = saved_memoryx
+        batches = Batches.from_state(x_train, y_train, trainer["batches"])
+    runtime = _open_runtime(executable, settings.backend)
+    if settings.systems > 1:
+        _check_systems(settings, executable, runtime)
+    return Prepared(config, settings, job, out, replace_out, (x_train, y_train), (x_test, y_test), model,
+                    executable, runtime, memoryx, batches, trainer)
+
+
+def _check_systems(settings: Settings, executable: Any, runtime: Any) -> None:
+    """Raise :class:`UsageError` unless ``settings.systems`` systems can share the run's steps."""
+    from wse.host.swarmx import token_blocks
+
+    systems = settings.systems
+    if not getattr(runtime, "supports_shards", False):
+        raise UsageError(f"--systems {systems} needs a backend that runs part of a step (Runtime.train_shard: "
+                         f"the functional backend); the {settings.backend} backend runs whole steps only")
+    columns = len(token_blocks(executable))
+    if systems > columns:
+        raise UsageError(f"--systems {systems} exceeds the {columns} token columns of a batch of {settings.batch} "
+                         f"on the {settings.mesh} mesh (each system takes whole columns); use at most {columns} "
+                         "systems, a larger --batch or a wider --mesh")
