@@ -3,7 +3,8 @@
 One FIFO per color, fed by the color's one input port; a route table per
 color (input port, output mask) loaded by the host; every cycle a grant set
 built in rotating color order with atomic multicast. The router's decisions
-are those of the golden model (:mod:`wse.sim.golden.fabric`) cycle for cycle.
+are those of the golden router model (:mod:`wse.sim.golden.router`) cycle for
+cycle.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
