@@ -1,0 +1,115 @@
+"""The layer-pipelined PE program (``pipe.s``) and its op records.
+
+The same record scheme as :mod:`.records` (a header ``kind``, ``length`` in
+words, then the kind's fields: one word for a scalar, two for a descriptor;
+a list ends with a record of kind ``end``), with the kinds of the
+layer-pipelined mode. This module is the one home of their layout:
+:func:`assembler_defines` gives ``pipe.s`` its ``XX_FIELD`` offsets and
+:func:`encode` builds records for the host.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from wse.config import FabricConfig
+from wse.firmware.asm import assemble_file
+from wse.firmware.image import Program
+
+from .records import DSD, HEADER_WORDS, dsd_fabin, dsd_fabout, dsd_mem
+
+__all__ = ["pipelined_program", "PIPE_SOURCE", "T_RUN", "KINDS", "FIELDS", "PREFIX", "encode", "decode", "record_words", "assembler_defines",
+           "dsd_mem", "dsd_fabin", "dsd_fabout"]
+
+#: The program's source file.
+PIPE_SOURCE = Path(__file__).resolve().parent / "pipe.s"
+#: The local task that runs a phase's op list.
+T_RUN = 0
+
+#: Record kinds and their codes (``0`` ends a list).
+KINDS = {"end": 0, "pfwd": 1}
+
+#: Fields of each kind in order: ``(name, "word" | DSD)``.
+FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "end": (),
+    # One layer's forward pass on one PE of its region, for every sample (pipe.s).
+    "pfwd": (("t", "word"), ("k", "word"), ("o", "word"), ("xbase", "word"), ("ybase", "word"),
+             ("first", "word"), ("last", "word"), ("bias", "word"), ("relu", "word"), ("send", "word"),
+             ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("xw", DSD), ("cin", DSD),
+             ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD)),
+}
+
+#: The prefix of each kind's offset constants in ``pipe.s``.
+PREFIX = {"end": "END", "pfwd": "PF"}
+
+
+def record_words(kind: str) -> int:
+    """Length in words of a record of ``kind``."""
+    return HEADER_WORDS + sum(2 if what == DSD else 1 for _, what in FIELDS[kind])
+
+
+def encode(kind: str, values: dict) -> np.ndarray:
+    """One record as ``uint32`` words; ``values`` gives every field of ``kind``
+    (integers for words, word pairs from :func:`dsd_mem` and friends for descriptors).
+
+    Raises
+    ------
+    ValueError
+        For missing or unknown fields.
+    """
+    fields = FIELDS[kind]
+    missing = [name for name, _ in fields if name not in values]
+    extra = sorted(set(values) - {name for name, _ in fields})
+    if missing or extra:
+        raise ValueError(f"{kind} record: missing fields {missing}, unknown fields {extra}")
+    words = [KINDS[kind], record_words(kind)]
+    for name, what in fields:
+        value = values[name]
+        words.extend(int(w) for w in value) if what == DSD else words.append(int(value) & 0xFFFFFFFF)
+    return np.array(words, dtype=np.uint32)
+
+
+def decode(words) -> tuple[str, dict]:
+    """``(kind, fields)`` of the record at the start of ``words``; descriptor
+    fields as ``(kind, base, length, stride)``, as :func:`.records.decode` gives them."""
+    from wse.firmware.isa import DsdKind
+    words = [int(w) for w in words]
+    kind = {code: name for name, code in KINDS.items()}[words[0]]
+    fields, at = {}, HEADER_WORDS
+    for name, what in FIELDS[kind]:
+        if what == DSD:
+            w0, w1 = words[at], words[at + 1]
+            stride = (w1 >> 16) & 0xFFFF
+            fields[name] = (DsdKind(w1 & 3), w0 & 0xFFFF, w0 >> 16, stride - 0x10000 if stride & 0x8000 else stride)
+            at += 2
+        else:
+            fields[name] = words[at]
+            at += 1
+    return kind, fields
+
+
+def assembler_defines() -> dict[str, int]:
+    """``{"K_PFWD": 1, "PF_T": 2, ...}``: kind codes and field offsets for ``pipe.s``."""
+    defines = {f"K_{kind.upper()}": code for kind, code in KINDS.items()}
+    defines["R_KIND"], defines["R_LEN"] = 0, 1
+    for kind, fields in FIELDS.items():
+        at = HEADER_WORDS
+        for name, what in fields:
+            defines[f"{PREFIX[kind]}_{name.upper()}"] = at
+            at += 2 if what == DSD else 1
+    return defines
+
+
+@functools.lru_cache(maxsize=16)
+def pipelined_program(config: FabricConfig) -> Program:
+    """``pipe.s`` assembled for ``config`` (cached per configuration).
+
+    Raises
+    ------
+    UsageError
+        If the program does not fit ``config`` (instruction memory, colors, tasks).
+    """
+    return assemble_file(PIPE_SOURCE, config, assembler_defines() | {"T_RUN": T_RUN})

@@ -1,0 +1,208 @@
+"""The layer-pipelined mapping: every layer resident on its own region of
+the fabric (:mod:`.pipelined_place`), weights stationary in PE memory,
+samples streaming through (``docs/layer_pipelined.md``).
+
+:func:`plan` returns a :class:`PipelinedPlan`: the regions, the memory map
+(the same addresses on every PE), the routes, each phase's per-PE op records
+(:mod:`wse.firmware.training.pipe`), where every weight tile lives, how the
+samples enter and where the logits are left.
+
+Colors: 0 and 1 carry a region's inputs (alternating by layer: a region's
+last PEs send the next region's inputs while their router still takes their
+own inputs); 2 and 3 the reduction chains (alternating along a chain).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from wse.config import FabricConfig, Port, UsageError
+from wse.firmware.kernels.common import chain_routes, multicast_routes
+from wse.firmware.training import pipe
+
+from .ir import Graph
+from .pipelined_place import Region, place
+from .weight_streaming import FitError, WSLayer, _lower, _Memory
+
+__all__ = ["INPUT_COLORS", "CHAIN_COLORS", "COLORS_USED", "PipelinedPlan", "plan"]
+
+#: Colors of the regions' input multicasts (by layer parity) and of the reduction chains.
+INPUT_COLORS = (0, 1)
+CHAIN_COLORS = (2, 3)
+COLORS_USED = 4
+
+
+@dataclasses.dataclass
+class PipelinedPlan:
+    """The layer-pipelined mapping of one model, batch and fabric.
+
+    Members
+    -------
+    config, batch, graph:
+        What was mapped.
+    layers:
+        The Linear layers in order, with their ReLU flags.
+    regions:
+        One :class:`~.pipelined_place.Region` per layer.
+    memory:
+        Name -> (address, words) of every buffer in PE memory.
+    owners:
+        Words per PE by what needs them (for the plan's report and fit errors).
+    routes:
+        Route-table entries ``(x, y, color, input, outputs)``.
+    phases:
+        Phase name -> ``(ops address, [H][W] lists of record word arrays)``.
+    sequences:
+        ``{"eval": [...]}``: the phases of a run.
+    """
+    config: FabricConfig
+    batch: int
+    graph: Graph
+    layers: list
+    regions: list
+    memory: dict
+    owners: dict
+    routes: list
+    phases: dict
+    sequences: dict
+
+    def addr(self, name: str) -> int:
+        """Address of buffer ``name``."""
+        return self.memory[name][0]
+
+    def describe(self) -> list[str]:
+        """The plan in lines a person reads: every layer's region and tile, and PE memory."""
+        lines = [f"layer-pipelined on a {self.config.mesh} mesh, batch {self.batch}"]
+        for layer, region in zip(self.layers, self.regions):
+            axis = "columns" if region.inputs_on_columns else "rows"
+            lines.append(f"  {layer.name} {layer.k}->{layer.o}: columns {region.x0}-{region.x0 + region.cols - 1}, "
+                         f"rows {region.y0}-{region.y0 + region.rows - 1} ({region.pes} PEs, inputs along "
+                         f"{axis}), largest tile {region.tile} multiply-adds per sample")
+        used = max(addr + words for addr, words in self.memory.values())
+        detail = ", ".join(f"{owner} {words}" for owner, words in self.owners.items())
+        lines.append(f"  memory per PE: {used} of {self.config.sram_words} words ({detail})")
+        return lines
+
+    def weight_tiles(self, weights) -> list[tuple[int, int, int, np.ndarray]]:
+        """``(x, y, address, uint32 words)`` writes that place every layer's
+        weight tiles (``Wt[k][o]``, k-major) and biases (at the chain ends) in PE memory."""
+        writes = []
+        for layer, region in zip(self.layers, self.regions):
+            w = np.ascontiguousarray(weights[layer.weight], dtype=np.float32)
+            ins, outs = region.in_blocks(), region.out_blocks()
+            for q, p, x, y in region.cells():
+                tile = w[np.ix_(np.asarray(outs[p]), np.asarray(ins[q]))].T
+                writes.append((x, y, self.addr("w"), np.ascontiguousarray(tile).ravel().view(np.uint32)))
+                if layer.bias is not None and q == region.n_in - 1:
+                    b = np.asarray(weights[layer.bias], dtype=np.float32)[np.asarray(outs[p])]
+                    writes.append((x, y, self.addr("b"), np.ascontiguousarray(b).view(np.uint32)))
+        return writes
+
+    def input_streams(self, x: np.ndarray) -> list[tuple[str, int, int, np.ndarray]]:
+        """``(edge, index, color, uint32 words)``: the batch ``x [batch, features]``
+        entering the first region, sample after sample, at the north edge."""
+        region = self.regions[0]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return [("N", region.x0 + q, INPUT_COLORS[0], np.ascontiguousarray(x[:, block]).ravel().view(np.uint32))
+                for q, block in enumerate(region.in_blocks())]
+
+    def logit_cells(self) -> list[tuple[int, int, range]]:
+        """``(x, y, classes)``: the PEs holding the logits (``[sample][class]`` at
+        the output store) and the classes each holds."""
+        region = self.regions[-1]
+        return [region.pe(region.n_in - 1, p) + (block,) for p, block in enumerate(region.out_blocks())]
+
+
+def _check_graph(graph: Graph, config: FabricConfig, batch: int) -> tuple[list[WSLayer], list[Region]]:
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise UsageError(f"batch must be a positive integer, not {batch!r}")
+    layers, relu_input = _lower(graph)
+    if relu_input:
+        raise FitError(f"model {graph.name} applies a ReLU to its input; the layer-pipelined mode starts "
+                       f"with a Linear layer")
+    if config.colors < COLORS_USED:
+        raise FitError(f"the layer-pipelined mode needs {COLORS_USED} colors but the configuration has "
+                       f"colors={config.colors}")
+    if len(layers) > config.num_pes:
+        raise FitError(f"model {graph.name} has {len(layers)} Linear layers but a {config.mesh} mesh has "
+                       f"{config.num_pes} PEs; the layer-pipelined mode needs at least one PE per layer")
+    return layers, place([(layer.k, layer.o) for layer in layers], config)
+
+
+def plan(graph: Graph, config: FabricConfig, batch: int) -> PipelinedPlan:
+    """Map ``graph`` for the layer-pipelined mode with batches of ``batch`` samples on ``config``.
+
+    Raises
+    ------
+    FitError
+        If the layers cannot be placed, or the weight tiles, the in-flight
+        activations and the op lists do not fit in ``sram_words`` (the
+        message names each consumer's words).
+    UsageError
+        For a bad batch or a graph without a softmax cross-entropy loss.
+    """
+    layers, regions = _check_graph(graph, config, batch)
+    batch = int(batch)
+    program = pipe.pipelined_program(config)
+    k_max = max(-(-r.k // r.n_in) for r in regions)
+    o_max = max(-(-r.o // r.n_out) for r in regions)
+    mem = _Memory(program.data_end)
+    mem.take("w", max(r.tile for r in regions), "the weight tile")
+    mem.take("b", o_max, "the bias")
+    mem.take("acc", o_max, "the partial sums")
+    mem.take("xs", batch * k_max, f"the inputs of {batch} samples in flight")
+    mem.take("ys", batch * o_max, f"the outputs of {batch} samples in flight")
+    ops = mem.take("ops:forward", pipe.record_words("pfwd") + 2, "op lists")
+    if mem.next > config.sram_words:
+        detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
+        raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE in the "
+                       f"layer-pipelined mode on a {config.mesh} mesh ({detail}, program data "
+                       f"{program.data_end}) but sram_words is {config.sram_words}")
+    records = _forward_records(config, layers, regions, mem, batch, program.symbol("f_zero"))
+    return PipelinedPlan(config, batch, graph, layers, regions, dict(mem.regions), dict(mem.owners),
+                         _routes(regions), {"forward": (ops, records)}, {"eval": ["forward"]})
+
+
+def _routes(regions: list[Region]) -> list:
+    routes = []
+    for l, region in enumerate(regions):
+        color = INPUT_COLORS[l % 2]
+        along_in = Port.S if region.inputs_on_columns else Port.E     # an input line
+        along_out = Port.E if region.inputs_on_columns else Port.S    # a reduction chain
+        for q in range(region.n_in):
+            cells = [region.pe(q, p) for p in range(region.n_out)]
+            if l == 0:
+                routes += multicast_routes(cells, along_in, color, from_edge=True)
+            else:
+                prev = regions[l - 1]
+                source = prev.pe(prev.n_in - 1, q)     # the end of the previous region's chain q
+                routes += multicast_routes([source] + cells, along_in, color, from_edge=False)
+        for p in range(region.n_out):
+            cells = [region.pe(q, p) for q in range(region.n_in)]
+            routes += chain_routes(cells, along_out, CHAIN_COLORS, from_edge=False, to_edge=False)
+    return routes
+
+
+def _forward_records(config: FabricConfig, layers, regions, mem, batch: int, zero: int) -> list:
+    """``[H][W]`` lists of the forward phase's records."""
+    records = [[[] for _ in range(config.width)] for _ in range(config.height)]
+    a = mem.regions
+    last_layer = len(layers) - 1
+    for l, (layer, region) in enumerate(zip(layers, regions)):
+        ins, outs = region.in_blocks(), region.out_blocks()
+        for q, p, x, y in region.cells():
+            k, o = len(ins[q]), len(outs[p])
+            first, last = q == 0, q == region.n_in - 1
+            c_in, c_out = CHAIN_COLORS[q % 2], CHAIN_COLORS[(q + 1) % 2]
+            records[y][x].append(pipe.encode("pfwd", dict(
+                t=batch, k=k, o=o, xbase=a["xs"][0], ybase=a["ys"][0], first=int(first), last=int(last),
+                bias=int(last and layer.bias is not None), relu=int(last and layer.relu),
+                send=int(last and l < last_layer),
+                xin=pipe.dsd_fabin(INPUT_COLORS[l % 2], k), xs=pipe.dsd_mem(0, k), acc=pipe.dsd_mem(a["acc"][0], o),
+                w0=pipe.dsd_mem(a["w"][0], o), w1=pipe.dsd_mem(a["w"][0] + o, (k - 1) * o),
+                xw=pipe.dsd_mem(0, k - 1), cin=pipe.dsd_mem(zero, o, 0) if first else pipe.dsd_fabin(c_in, o),
+                cout=pipe.dsd_fabout(c_out, o), ys=pipe.dsd_mem(0, o), b=pipe.dsd_mem(a["b"][0], o),
+                xout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], o))))
+    return records

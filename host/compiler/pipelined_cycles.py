@@ -1,0 +1,77 @@
+"""The static cycle model of the layer-pipelined mode: the golden model's
+cycles of every phase, from the op lists alone.
+
+Each PE's instruction stream comes from
+:func:`wse.firmware.training.pipe_timing.pe_ops` and is replayed against the
+routers, edge ports and queues by the same compiled replay as weight
+streaming (:func:`~wse.host.compiler.replay.replay`); the host's input streams
+are the injections. It also gives each PE's FMAC elements, for the
+utilization and the placement picture.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse.firmware.training import pipe, pipe_timing
+
+from .replay import Network, replay
+
+__all__ = ["phase_cycles", "pe_fmacs"]
+
+
+def _phase_ops(plan, records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    cfg = plan.config
+    table, starts, ends, seen, at = [], [], [], {}, 0
+    for y in range(cfg.height):
+        for x in range(cfg.width):
+            ops_words = records[y][x]
+            words = np.concatenate(ops_words + [np.zeros(2, dtype=np.uint32)])
+            key = words.tobytes()
+            if key not in seen:
+                ops = pipe_timing.pe_ops(words)
+                seen[key] = (at, at + len(ops))
+                table.append(ops)
+                at += len(ops)
+            start, end = seen[key]
+            starts.append(start)
+            ends.append(end)
+    return np.concatenate(table), np.array(starts), np.array(ends)
+
+
+def _injections(plan, name: str) -> dict:
+    inject: dict = {}
+    if name == "forward":
+        region = plan.regions[0]
+        for q, block in enumerate(region.in_blocks()):
+            inject.setdefault(("N", region.x0 + q), {})[0] = plan.batch * len(block)
+    return inject
+
+
+def phase_cycles(plan) -> dict[str, int]:
+    """Cycles of every phase of a layer-pipelined plan, as the golden model counts them.
+
+    Raises
+    ------
+    RuntimeError
+        If the replay hangs (a schedule that would deadlock the fabric).
+    """
+    network = Network(plan.config, plan.routes)
+    out = {}
+    for name, (_, records) in plan.phases.items():
+        ops, starts, ends = _phase_ops(plan, records)
+        out[name] = int(replay(network, ops, starts, ends, _injections(plan, name)))
+    return out
+
+
+def pe_fmacs(plan, name: str) -> np.ndarray:
+    """FMAC elements (``fmuls`` of the first input and ``fmacw``) of every PE in phase ``name``, ``[H, W]``."""
+    cfg = plan.config
+    out = np.zeros((cfg.height, cfg.width), dtype=np.int64)
+    for y, row in enumerate(plan.phases[name][1]):
+        for x, records in enumerate(row):
+            for words in records:
+                kind, f = pipe.decode(words)
+                if kind == "pfwd":
+                    out[y, x] += f["t"] * f["k"] * f["o"]
+    return out

@@ -1,0 +1,99 @@
+"""The layer-pipelined mode: placement, the forward pass on the golden model
+against the functional model (bit for bit) and PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wse.config import FabricConfig
+from wse.host.compiler.frontend import trace
+from wse.host.compiler.pipelined import plan
+from wse.host.compiler.pipelined_place import place
+from wse.host.compiler.weight_streaming import FitError
+from wse.host.runtime.pipelined import PipelinedDevice, functional_forward
+
+
+def _mlp(dims, seed=0):
+    torch.manual_seed(seed)
+    mods = []
+    for a, b in zip(dims, dims[1:]):
+        mods += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*mods[:-1])
+
+
+def test_placement_fc_mnist_regions_by_compute():
+    regions = place([(784, 256), (256, 256), (256, 10)], FabricConfig(width=16, height=16))
+    assert [r.layer for r in regions] == [0, 1, 2]
+    # a staircase: layer 1 east of layer 0 on its rows, layer 2 south of layer 1 on its columns
+    assert (regions[1].x0, regions[1].y0, regions[1].rows) == (regions[0].cols, 0, regions[0].rows)
+    assert (regions[2].x0, regions[2].y0, regions[2].cols) == (regions[1].x0, regions[0].rows, regions[1].cols)
+    assert regions[0].pes > regions[1].pes > regions[2].pes        # compute-heavy layers get more PEs
+    assert max(r.tile for r in regions) <= 1200
+    used = {(x, y) for r in regions for _, _, x, y in r.cells()}
+    assert len(used) == sum(r.pes for r in regions)                 # no PE in two regions
+
+
+def test_placement_refuses_too_many_layers():
+    with pytest.raises(FitError, match="does not fit a 2x2 mesh"):
+        place([(4, 4)] * 5, FabricConfig(width=2, height=2))
+
+
+def test_plan_refuses_what_does_not_fit_memory():
+    g = trace(_mlp((784, 256, 10)), torch.zeros(1, 784))
+    with pytest.raises(FitError, match="sram_words is 8192"):
+        plan(g, FabricConfig(width=2, height=2), 8)
+
+
+@pytest.mark.parametrize("dims, mesh, batch", [((6, 5, 4, 3), (3, 3), 3), ((20, 12, 9, 7), (5, 4), 5),
+                                               ((30, 16, 10), (6, 6), 4), ((9, 3), (1, 1), 2)])
+def test_forward_golden_equals_functional_and_torch(dims, mesh, batch):
+    model = _mlp(dims)
+    cfg = FabricConfig(width=mesh[0], height=mesh[1])
+    p = plan(trace(model, torch.zeros(1, dims[0])), cfg, batch)
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    x = np.random.default_rng(1).standard_normal((batch, dims[0])).astype(np.float32)
+    dev = PipelinedDevice(p, "golden")
+    dev.write_weights(weights)
+    logits, cycles = dev.forward(x)
+    expected = functional_forward(p, weights, x)[-1]
+    assert np.array_equal(logits.view(np.uint32), expected.view(np.uint32))
+    assert cycles > 0
+    np.testing.assert_allclose(logits, model(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dims, mesh, batch, depths", [
+    ((6, 5, 4, 3), (3, 3), 3, {}), ((20, 12, 9, 7), (5, 4), 5, {}), ((30, 16, 10), (6, 6), 4, {}),
+    ((9, 3), (1, 1), 2, {}), ((20, 12, 9, 7), (5, 4), 6, {"rx_depth": 1, "tx_depth": 1, "router_depth": 1}),
+    ((17, 11, 13, 5, 4), (4, 4), 3, {})])
+def test_static_cycles_equal_golden(dims, mesh, batch, depths):
+    from wse.host.compiler.pipelined_cycles import phase_cycles
+    model = _mlp(dims, seed=3)
+    cfg = FabricConfig(width=mesh[0], height=mesh[1], **depths)
+    p = plan(trace(model, torch.zeros(1, dims[0])), cfg, batch)
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    x = np.random.default_rng(2).standard_normal((batch, dims[0])).astype(np.float32)
+    dev = PipelinedDevice(p, "golden")
+    dev.write_weights(weights)
+    logits, cycles = dev.forward(x)
+    assert phase_cycles(p) == {"forward": cycles}
+    assert np.array_equal(logits.view(np.uint32), functional_forward(p, weights, x)[-1].view(np.uint32))
+
+
+def test_fc_mnist_largest_batch_and_the_error_past_it():
+    g = trace(_mlp((784, 256, 256, 10)), torch.zeros(1, 784))
+    cfg = FabricConfig(width=16, height=16)
+    p = plan(g, cfg, 52)
+    assert max(addr + words for addr, words in p.memory.values()) <= cfg.sram_words
+    with pytest.raises(FitError, match=r"the inputs of 53 samples in flight 3498.*sram_words is 8192"):
+        plan(g, cfg, 53)
+
+
+def test_plan_describes_regions_and_memory():
+    g = trace(_mlp((784, 256, 256, 10)), torch.zeros(1, 784))
+    lines = plan(g, FabricConfig(width=16, height=16), 32).describe()
+    assert lines[0] == "layer-pipelined on a 16x16 mesh, batch 32"
+    assert "columns 0-11, rows 0-14 (180 PEs, inputs along columns), largest tile 1188" in lines[1]
+    assert lines[-1].startswith("  memory per PE: ") and "of 8192 words" in lines[-1]
