@@ -28,6 +28,12 @@ Microarchitecture
 * Queues: one :class:`~amaranth.lib.fifo.SyncFIFO` per color for input
   (``rx``), one for output (``tx``).
 
+:meth:`PE.elaborate` builds these parts in order, one method each: storage,
+input queues, output queue, task scheduler, decode, vector engine, floating
+point, execute, data read addresses, sequencing (next pc and fetch),
+counters, and the host port (:mod:`wse.hdl.pe_host`). They hand each other
+their signals in small named tuples (``_Memories``, ``_InputQueues``, ...).
+
 Where the golden model reports a program fault, the RTL does something
 defined instead (a program that does not fault behaves identically):
 
@@ -48,9 +54,12 @@ defined instead (a program that does not fault behaves identically):
 Counters are 32 bits and wrap.
 """
 
-from functools import reduce
+from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from functools import reduce
+from typing import Callable, NamedTuple
+
+from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -61,8 +70,9 @@ from wse.firmware import isa
 
 from .decoder import Decoder, UnitCode, opcode
 from .fpu import FPAdd, FPLt, FPMax, FPMul, FToI, IToF
+from .pe_host import host_port
 from .pe_vector import Dsd, VectorEngine
-from .wavelet import COUNTER_NAMES, HostSpace, Wavelet, host_bus_signature, link_signature
+from .wavelet import COUNTER_NAMES, Wavelet, host_bus_signature, link_signature
 
 __all__ = ["PE", "Dsd"]
 
@@ -117,6 +127,75 @@ def _check_isa() -> None:
 
 
 _check_isa()
+
+
+class _Memories(NamedTuple):
+    """The memory ports: data memory write and three reads, instruction memory write and read."""
+
+    sram_wr: object
+    sram_rd: list
+    imem_wr: object
+    imem_rd: object
+
+
+class _InputQueues(NamedTuple):
+    """The input queues as the rest of the PE sees them: ``has`` (bit c: queue c
+    is not empty) and two pop ports, each popping queue ``color`` when ``pop``
+    is high and showing its head."""
+
+    has: Signal
+    pop_a: Signal
+    color_a: Signal
+    head_a: Signal
+    pop_b: Signal
+    color_b: Signal
+    head_b: Signal
+
+
+class _OutputQueue(NamedTuple):
+    """The output FIFO and its push port."""
+
+    queue: SyncFIFO
+    push: Signal
+    push_data: Signal
+
+
+class _Tasks(NamedTuple):
+    """The task table (``entry`` points and per-task flag bits) and the scheduler's
+    choice: ``select`` is a select cycle for task ``sel``, which pops a wavelet
+    if ``sel_pops``."""
+
+    entry: list
+    valid: Signal
+    bound: Signal
+    blocked: Signal
+    activated: Signal
+    sel: Signal
+    select: Signal
+    sel_pops: Signal
+
+
+class _Decoded(NamedTuple):
+    """The decoded running instruction: ``dec`` (the decoder's fields),
+    ``is_(*names)`` (its opcode is one of ``names``), ``is_vec``, the register
+    operands ``ra rb rs rd``, the second ALU operand, the data address
+    ``ra + imm``, the descriptor operands ``vd va vb`` and the register write
+    port ``reg_we``/``reg_data``."""
+
+    dec: object
+    is_: Callable
+    is_vec: Signal
+    ra: Signal
+    rb: Signal
+    rs: Signal
+    rd: Signal
+    operand2: object
+    mem_addr: Signal
+    vd: Signal
+    va: Signal
+    vb: Signal
+    reg_we: Signal
+    reg_data: Signal
 
 
 class PE(wiring.Component):
@@ -185,22 +264,44 @@ class PE(wiring.Component):
         self.counters = {name: Signal(32, name=f"count_{name}") for name in COUNTER_NAMES}
 
     def elaborate(self, platform):
-        cfg = self.config
+        """The PE's hardware, part by part (see the module's docstring). The order
+        of the parts fixes the numbering of the generated Verilog's internal wires."""
         m = Module()
-        colors, ntasks = cfg.colors, cfg.tasks
-        running, pc = self.running, self.pc
+        mem = self._storage(m)
+        rx = self._input_queues(m)
+        tx = self._output_queue(m)
+        tasks = self._task_scheduler(m, rx, tx)
+        d = self._decode(m, mem)
+        vec = self._vector_engine(m, mem, rx, tx, d)
+        fp_result = self._floating_point(m, d, vec)
+        advance, stalled, taken = self._execute(m, mem, rx, tx, tasks, d, vec, fp_result)
+        self._data_read_addresses(m, mem, d, vec)
+        self._sequencing(m, mem, rx, tasks, d, advance, taken)
+        self._counters(m, tasks, d, vec, advance, stalled)
+        host_port(m, self, mem, tasks)
+        return m
 
-        # ---------------------------------------------------------------- storage
+    # ---------------------------------------------------------------- storage
+
+    def _storage(self, m) -> _Memories:
+        """The data memory (one write port, three read ports transparent for it)
+        and the instruction memory."""
+        cfg = self.config
         m.submodules.sram = sram = Memory(shape=32, depth=cfg.sram_words, init=[])
         sram_wr = sram.write_port()
         sram_rd = [sram.read_port(transparent_for=(sram_wr,)) for _ in range(3)]
         m.submodules.imem = imem = Memory(shape=32, depth=cfg.imem_words, init=[])
         imem_wr = imem.write_port()
         imem_rd = imem.read_port()
+        return _Memories(sram_wr, sram_rd, imem_wr, imem_rd)
 
-        # ---------------------------------------------------------------- input queues
+    # ---------------------------------------------------------------- input queues
+
+    def _input_queues(self, m) -> _InputQueues:
+        """One FIFO per color, filled from ``rx``; two pop ports."""
+        cfg = self.config
         rx_queues = []
-        for c in range(colors):
+        for c in range(cfg.colors):
             queue = SyncFIFO(width=DATA_BITS + CTRL_BITS, depth=cfg.rx_depth)
             m.submodules[f"rx_queue_{c}"] = queue
             rx_queues.append(queue)
@@ -218,9 +319,13 @@ class PE(wiring.Component):
         m.d.comb += [head_a.eq(rx_heads[color_a]), head_b.eq(rx_heads[color_b])]
         for c, queue in enumerate(rx_queues):
             m.d.comb += queue.r_en.eq((pop_a & (color_a == c)) | (pop_b & (color_b == c)))
+        return _InputQueues(rx_has, pop_a, color_a, head_a, pop_b, color_b, head_b)
 
-        # ---------------------------------------------------------------- output queue
-        m.submodules.tx_queue = tx_queue = SyncFIFO(width=Wavelet.as_shape().size, depth=cfg.tx_depth)
+    # ---------------------------------------------------------------- output queue
+
+    def _output_queue(self, m) -> _OutputQueue:
+        """The output FIFO; its head leaves on ``tx`` when the router is ready for its color."""
+        m.submodules.tx_queue = tx_queue = SyncFIFO(width=Wavelet.as_shape().size, depth=self.config.tx_depth)
         tx_head = Wavelet(tx_queue.r_data)
         tx_ready = Signal(32)
         tx_leave = Signal()
@@ -235,8 +340,15 @@ class PE(wiring.Component):
             tx_queue.w_en.eq(tx_push),
             tx_queue.w_data.eq(tx_push_data),
         ]
+        return _OutputQueue(tx_queue, tx_push, tx_push_data)
 
-        # ---------------------------------------------------------------- task table, scheduler
+    # ---------------------------------------------------------------- task table, scheduler
+
+    def _task_scheduler(self, m, rx: _InputQueues, tx: _OutputQueue) -> _Tasks:
+        """The task table and the selection of the lowest ready task; ``idle``."""
+        cfg = self.config
+        colors, ntasks = cfg.colors, cfg.tasks
+        rx_has, running = rx.has, self.running
         entry = [Signal(cfg.imem_addr_bits, name=f"task{t}_entry") for t in range(ntasks)]
         t_valid, t_bound = Signal(ntasks), Signal(ntasks)
         t_blocked, t_activated = Signal(ntasks), Signal(ntasks)
@@ -253,12 +365,17 @@ class PE(wiring.Component):
         m.d.comb += [
             select.eq(self.enable & ~running & task_ready.any()),
             sel_pops.eq(t_bound.bit_select(sel, 1) & rx_has.bit_select(sel, 1)),
-            self.idle.eq(~running & ~task_ready.any() & ~rx_has.any() & ~tx_queue.r_rdy),
+            self.idle.eq(~running & ~task_ready.any() & ~rx_has.any() & ~tx.queue.r_rdy),
         ]
+        return _Tasks(entry, t_valid, t_bound, t_blocked, t_activated, sel, select, sel_pops)
 
-        # ---------------------------------------------------------------- decode, operands
+    # ---------------------------------------------------------------- decode, operands
+
+    def _decode(self, m, mem: _Memories) -> _Decoded:
+        """Decode the fetched word; read the register and descriptor operands; the register write port."""
+        cfg = self.config
         m.submodules.decoder = decoder = Decoder()
-        m.d.comb += decoder.word.eq(imem_rd.data)
+        m.d.comb += decoder.word.eq(mem.imem_rd.data)
         dec = decoder.decoded
 
         def is_(*names):
@@ -280,33 +397,43 @@ class PE(wiring.Component):
         for i in range(1, len(self.regs)):
             with m.If(reg_we & (dec.rd == i)):
                 m.d.sync += self.regs[i].eq(reg_data)
-
-        # ---------------------------------------------------------------- vector engine
         is_vec = Signal()
         m.d.comb += is_vec.eq(dec.unit == UnitCode.VEC)
-        m.submodules.vector = vec = VectorEngine(cfg)
+        return _Decoded(dec, is_, is_vec, ra, rb, rs, rd, operand2, mem_addr, vd, va, vb, reg_we, reg_data)
+
+    # ---------------------------------------------------------------- vector engine
+
+    def _vector_engine(self, m, mem: _Memories, rx: _InputQueues, tx: _OutputQueue, d: _Decoded) -> VectorEngine:
+        """The vector engine, driven by the decoded vector instruction."""
+        sram_rd, dec = mem.sram_rd, d.dec
+        m.submodules.vector = vec = VectorEngine(self.config)
         m.d.comb += [
-            vec.active.eq(running & is_vec), vec.weighted.eq(is_("fmacw")),
+            vec.active.eq(self.running & d.is_vec), vec.weighted.eq(d.is_("fmacw")),
             vec.has_dd.eq(dec.has_dd), vec.has_db.eq(dec.has_db),
-            vec.dd.eq(vd), vec.da.eq(va), vec.db.eq(vb),
-            vec.rx_has.eq(rx_has), vec.tx_level.eq(tx_queue.level),
-            vec.head_a.eq(head_a[:DATA_BITS]), vec.head_b.eq(head_b[:DATA_BITS]),
+            vec.dd.eq(d.vd), vec.da.eq(d.va), vec.db.eq(d.vb),
+            vec.rx_has.eq(rx.has), vec.tx_level.eq(tx.queue.level),
+            vec.head_a.eq(rx.head_a[:DATA_BITS]), vec.head_b.eq(rx.head_b[:DATA_BITS]),
             [vec.read_data[k].eq(sram_rd[k].data) for k in range(3)],
         ]
+        return vec
 
-        # ---------------------------------------------------------------- floating point
+    # ---------------------------------------------------------------- floating point
+
+    def _floating_point(self, m, d: _Decoded, vec: VectorEngine) -> dict:
+        """The binary32 blocks and their operands: scalar registers, or the element
+        being written (a, then b or the scalar rs; fmacw: a times the weight b,
+        added to the destination word acc). Returns the result of each unit."""
+        is_, is_vec, ra, rb, rs, rd = d.is_, d.is_vec, d.ra, d.rb, d.rs, d.rd
         m.submodules.fp_add = fp_add = FPAdd()
         m.submodules.fp_mul = fp_mul = FPMul()
         m.submodules.fp_max = fp_max = FPMax()
         m.submodules.fp_lt = fp_lt = FPLt()
         m.submodules.fp_ftoi = fp_ftoi = FToI()
         m.submodules.fp_itof = fp_itof = IToF()
-        # Operands: scalar registers, or the element being written (a, then b or the scalar rs;
-        # fmacw: a times the weight b, added to the destination word acc).
         op_a, op_b = Signal(32), Signal(32)
         m.d.comb += [
             op_a.eq(Mux(is_vec, vec.a, ra)),
-            op_b.eq(Mux(is_vec, Mux(dec.has_db, vec.b, rs), rb)),
+            op_b.eq(Mux(is_vec, Mux(d.dec.has_db, vec.b, rs), rb)),
             fp_mul.a.eq(Mux(is_("fmacs"), op_b, op_a)),
             fp_mul.b.eq(Mux(is_("fmacs"), rs, op_b)),
             fp_add.a.eq(Mux(is_("dot", "fsum"), rd, Mux(is_("fmacw"), vec.acc, op_a))),
@@ -316,23 +443,36 @@ class PE(wiring.Component):
             fp_lt.a.eq(ra), fp_lt.b.eq(rb),
             fp_ftoi.a.eq(ra), fp_itof.a.eq(ra),
         ]
-        fp_result = {"a": op_a, "add": fp_add.result, "mul": fp_mul.result, "max": fp_max.result,
-                     "lt": fp_lt.result, "ftoi": fp_ftoi.result, "itof": fp_itof.result}
+        return {"a": op_a, "add": fp_add.result, "mul": fp_mul.result, "max": fp_max.result,
+                "lt": fp_lt.result, "ftoi": fp_ftoi.result, "itof": fp_itof.result}
 
-        # ---------------------------------------------------------------- execute
+    # ---------------------------------------------------------------- execute
+
+    def _execute(self, m, mem: _Memories, rx: _InputQueues, tx: _OutputQueue, tasks: _Tasks, d: _Decoded,
+                 vec: VectorEngine, fp_result: dict):
+        """The running instruction: its effects, the input-queue pops, and whether
+        it completes (``advance``), waits for the fabric (``stalled``) or branches
+        (``taken``) this cycle. Returns ``(advance, stalled, taken)``."""
+        cfg = self.config
+        running = self.running
+        sram_wr, sram_rd = mem.sram_wr, mem.sram_rd
+        dec, is_, is_vec, ra, rb, rs, vd = d.dec, d.is_, d.is_vec, d.ra, d.rb, d.rs, d.vd
+        reg_we, reg_data, operand2, mem_addr = d.reg_we, d.reg_data, d.operand2, d.mem_addr
+        tx_push, tx_push_data = tx.push, tx.push_data
+        t_valid, t_blocked, t_activated = tasks.valid, tasks.blocked, tasks.activated
         phase = Signal()     # second cycle of ld / ldsd
         advance = Signal()   # the running instruction completes this cycle
         stalled = Signal()   # ... waits for the fabric this cycle
         taken = Signal()     # ... branches
-        can_send = (tx_queue.level < cfg.tx_depth) & (dec.color < colors)
-        can_recv = rx_has.bit_select(dec.color, 1)
-        task_ok = (dec.task < ntasks) & t_valid.bit_select(dec.task, 1)
+        can_send = (tx.queue.level < cfg.tx_depth) & (dec.color < cfg.colors)
+        can_recv = rx.has.bit_select(dec.color, 1)
+        task_ok = (dec.task < cfg.tasks) & t_valid.bit_select(dec.task, 1)
         m.d.sync += phase.eq(running & is_(*_TWO_CYCLE) & ~phase)
         m.d.comb += [
-            pop_a.eq(Mux(select, sel_pops, (running & is_("recv") & can_recv) | vec.pop_a)),
-            color_a.eq(Mux(select, sel, Mux(is_vec, vec.color_a, dec.color))),
-            pop_b.eq(vec.pop_b),
-            color_b.eq(vec.color_b),
+            rx.pop_a.eq(Mux(tasks.select, tasks.sel_pops, (running & is_("recv") & can_recv) | vec.pop_a)),
+            rx.color_a.eq(Mux(tasks.select, tasks.sel, Mux(is_vec, vec.color_a, dec.color))),
+            rx.pop_b.eq(vec.pop_b),
+            rx.color_b.eq(vec.color_b),
         ]
         with m.If(running):
             m.d.comb += advance.eq(1)
@@ -377,7 +517,7 @@ class PE(wiring.Component):
                         ]
                 with m.Case(opcode("recv")):
                     m.d.comb += [advance.eq(can_recv), stalled.eq(~can_recv),
-                                 reg_we.eq(can_recv), reg_data.eq(head_a[:32])]
+                                 reg_we.eq(can_recv), reg_data.eq(rx.head_a[:32])]
                 for name, unit in _VECTOR.items():
                     with m.Case(opcode(name)):
                         m.d.comb += [advance.eq(vec.done), stalled.eq(vec.stalled)]
@@ -390,31 +530,44 @@ class PE(wiring.Component):
                                              sram_wr.en.eq(1)]
                             with m.Else():
                                 m.d.comb += [reg_we.eq(1), reg_data.eq(fp_result[unit])]
+        return advance, stalled, taken
 
-        # Data memory read addresses: ld / ldsd, or the issuing vector element.
-        with m.If(is_vec):
+    # ---------------------------------------------------------------- memory read ports
+
+    def _data_read_addresses(self, m, mem: _Memories, d: _Decoded, vec: VectorEngine) -> None:
+        """Data memory read addresses: ld / ldsd, or the issuing vector element."""
+        sram_rd = mem.sram_rd
+        with m.If(d.is_vec):
             m.d.comb += [sram_rd[k].addr.eq(vec.read_addr[k]) for k in range(3)]
         with m.Else():
-            m.d.comb += [sram_rd[0].addr.eq(mem_addr), sram_rd[1].addr.eq(mem_addr + 1)]
+            m.d.comb += [sram_rd[0].addr.eq(d.mem_addr), sram_rd[1].addr.eq(d.mem_addr + 1)]
 
-        # ---------------------------------------------------------------- sequencing
-        next_pc = Signal(cfg.imem_addr_bits)
-        with m.If(select):
-            m.d.comb += next_pc.eq(Array(entry)[sel])
-            m.d.sync += [running.eq(1), self.task.eq(sel)]
-            with m.If(sel_pops):
-                m.d.sync += [self.regs[isa.DATA_TASK_DATA_REG].eq(head_a[:32]),
-                             self.regs[isa.DATA_TASK_CTRL_REG].eq(head_a[32])]
+    # ---------------------------------------------------------------- sequencing
+
+    def _sequencing(self, m, mem: _Memories, rx: _InputQueues, tasks: _Tasks, d: _Decoded, advance, taken) -> None:
+        """The next pc (task entry on a select cycle, branch target, pc + 1, or the
+        same pc while an instruction waits), which is also the fetch address; a
+        select cycle starts the task and takes its wavelet."""
+        pc, running = self.pc, self.running
+        next_pc = Signal(self.config.imem_addr_bits)
+        with m.If(tasks.select):
+            m.d.comb += next_pc.eq(Array(tasks.entry)[tasks.sel])
+            m.d.sync += [running.eq(1), self.task.eq(tasks.sel)]
+            with m.If(tasks.sel_pops):
+                m.d.sync += [self.regs[isa.DATA_TASK_DATA_REG].eq(rx.head_a[:32]),
+                             self.regs[isa.DATA_TASK_CTRL_REG].eq(rx.head_a[32])]
             with m.Else():
-                m.d.sync += t_activated.bit_select(sel, 1).eq(0)
+                m.d.sync += tasks.activated.bit_select(tasks.sel, 1).eq(0)
         with m.Elif(running & advance):
-            m.d.comb += next_pc.eq(Mux(taken, dec.target, pc + 1))
+            m.d.comb += next_pc.eq(Mux(taken, d.dec.target, pc + 1))
         with m.Else():
             m.d.comb += next_pc.eq(pc)
         m.d.sync += pc.eq(next_pc)
-        m.d.comb += imem_rd.addr.eq(next_pc)
+        m.d.comb += mem.imem_rd.addr.eq(next_pc)
 
-        count = self.counters
+    def _counters(self, m, tasks: _Tasks, d: _Decoded, vec: VectorEngine, advance, stalled) -> None:
+        """The performance counters (32 bits, wrapping)."""
+        count, is_, running, select = self.counters, d.is_, self.running, tasks.select
         m.d.sync += [
             count["busy"].eq(count["busy"] + (select | running)),
             count["instructions"].eq(count["instructions"] + (running & advance)),
@@ -424,74 +577,9 @@ class PE(wiring.Component):
             count["tasks"].eq(count["tasks"] + select),
         ]
 
-        self._host_port(m, sram_wr, sram_rd[0], imem_wr, imem_rd, entry, t_valid, t_bound, t_blocked,
-                        t_activated)
-        return m
-
     def _write_dsd(self, m, index, **fields):
         """Update ``fields`` of descriptor register ``index`` at the end of the cycle."""
         with m.Switch(index):
             for i, dsd in enumerate(self.dsd):
                 with m.Case(i):
                     m.d.sync += [getattr(dsd, name).eq(value) for name, value in fields.items()]
-
-    def _host_port(self, m, sram_wr, sram_rd, imem_wr, imem_rd, entry, t_valid, t_bound, t_blocked,
-                   t_activated):
-        """The host bus: memory, task table and control access (the PE is idle)."""
-        host, ntasks = self.host, self.config.tasks
-        write = host.stb & host.we & (host.sel | host.bcast)
-        read = host.stb & ~host.we & host.sel
-        counters = [self.counters[name] for name in COUNTER_NAMES]
-
-        with m.If(write):
-            with m.Switch(host.space):
-                with m.Case(HostSpace.SRAM):
-                    m.d.comb += [sram_wr.addr.eq(host.addr), sram_wr.data.eq(host.wdata), sram_wr.en.eq(1)]
-                with m.Case(HostSpace.IMEM):
-                    m.d.comb += [imem_wr.addr.eq(host.addr), imem_wr.data.eq(host.wdata), imem_wr.en.eq(1)]
-                with m.Case(HostSpace.TASK):
-                    with m.Switch(host.addr):
-                        for t in range(ntasks):
-                            with m.Case(t):
-                                m.d.sync += [entry[t].eq(host.wdata[:16]), t_bound[t].eq(host.wdata[16]),
-                                             t_blocked[t].eq(host.wdata[17]), t_valid[t].eq(host.wdata[18]),
-                                             t_activated[t].eq(0)]
-                with m.Case(HostSpace.CTRL):
-                    with m.Switch(host.addr):
-                        with m.Case(0):
-                            with m.If((host.wdata < ntasks) & t_valid.bit_select(host.wdata[:6], 1)):
-                                m.d.sync += t_activated.bit_select(host.wdata[:6], 1).eq(1)
-                        for i, counter in enumerate(counters):
-                            with m.Case(i + 1):
-                                m.d.sync += counter.eq(host.wdata)
-
-        # Reads: memories through their read ports (data next cycle), the rest registered.
-        with m.If(read):
-            with m.Switch(host.space):
-                with m.Case(HostSpace.SRAM):
-                    m.d.comb += sram_rd.addr.eq(host.addr)
-                with m.Case(HostSpace.IMEM):
-                    m.d.comb += imem_rd.addr.eq(host.addr)
-        read_space = Signal(HostSpace)
-        read_value = Signal(32)
-        with m.If(read):
-            m.d.sync += [read_space.eq(host.space), read_value.eq(0)]
-            with m.Switch(host.space):
-                with m.Case(HostSpace.TASK):
-                    with m.Switch(host.addr):
-                        for t in range(ntasks):
-                            with m.Case(t):
-                                m.d.sync += read_value.eq(Cat(entry[t], Const(0, 16 - len(entry[t])),
-                                                              t_bound[t], t_blocked[t], t_valid[t]))
-                with m.Case(HostSpace.CTRL):
-                    with m.Switch(host.addr):
-                        for i, counter in enumerate(counters):
-                            with m.Case(i + 1):
-                                m.d.sync += read_value.eq(counter)
-        with m.Switch(read_space):
-            with m.Case(HostSpace.SRAM):
-                m.d.comb += host.rdata.eq(sram_rd.data)
-            with m.Case(HostSpace.IMEM):
-                m.d.comb += host.rdata.eq(imem_rd.data)
-            with m.Default():
-                m.d.comb += host.rdata.eq(read_value)

@@ -24,7 +24,8 @@ start and applied at its end, in this order:
 5. the moves, pops and pushes of 1-4 (:func:`_apply_grants` and the next
    ones), then the idle skip: when nothing moved and nothing is in flight, the
    replay jumps to the next cycle at which a PE that was not waiting for the
-   fabric goes on, or reports a hang if there is none.
+   fabric goes on, or reports a hang if there is none (also after ``limit``
+   cycles).
 
 The replay is compiled (numba). Its state is grouped in named tuples of
 arrays: :class:`Routes` (read-only tables), :class:`EdgePorts`,
@@ -60,11 +61,6 @@ _POP = 3         # PE ``who`` pops its input queue ``color``
 _ISSUE = 4       # PE ``who`` issues a vector element for the fabric, of ``color``
 _WRITE = 5       # ... issued last cycle: it enters the output queue this cycle
 _EVENT_KINDS = 6
-
-# How a PE's fabric op went (_recv, _vector_element, _weight_chunk).
-_WAITED = 0      # its fabric operands were not ready: it waits this cycle
-_ISSUED = 1      # it made progress and spent the cycle
-_RETIRED = 2     # it completed the instruction: the PE goes on to the next op
 
 
 class Network:
