@@ -15,7 +15,19 @@ For each model on its mesh, one JSON line per mode:
   same utilization;
 
 then a line with the ratio of the two modes' cycles per sample (the
-baseline is weight streaming, measured in the same run).
+baseline is weight streaming, measured in the same run); then, for training
+(SGD with momentum on the PEs; weight streaming's update runs in MemoryX and
+costs no fabric cycles):
+
+* ``pipelined`` training: forward and backward cycles of one pass at two
+  pass sizes ``b1 < b2`` (``b2`` the largest in flight that fits with the
+  gradient and momentum tiles), their steady-state cycles per sample, the
+  update's cycles, the FMAC utilization of the backward steady state, and
+  the cycles per sample of a batch of ``ws_batch`` run in passes of at most
+  ``b2`` (fill and drain of every pass, the update once);
+* ``weight_streaming`` training: the cycles of all phases of a step per sample;
+
+and the ratio of the two.
 
 Usage: python bench/modes.py
 """
@@ -33,6 +45,10 @@ from wse.host.compiler.frontend import trace
 from wse.host.compiler.pipelined import plan
 from wse.host.compiler.pipelined_cycles import pe_fmacs, phase_cycles
 from wse.host.compiler.weight_streaming import FitError
+from wse.host.memoryx.optim import OptimizerConfig
+
+#: The optimizer the PEs run in the training lines.
+OPTIMIZER = OptimizerConfig("sgd", lr=0.05, momentum=0.9)
 
 
 def _mlp(dims):
@@ -42,11 +58,11 @@ def _mlp(dims):
     return nn.Sequential(*mods[:-1])
 
 
-def _largest_batch(graph, config, limit=64):
+def _largest_batch(graph, config, limit=64, optimizer=None):
     best = None
     for batch in range(1, limit + 1):
         try:
-            plan(graph, config, batch)
+            plan(graph, config, batch, optimizer)
         except FitError:
             break
         best = batch
@@ -80,6 +96,41 @@ def measure(name: str, dims, config: FabricConfig, ws_batch: int) -> None:
                       "fmac_utilization": round(sum(phase.fmacs for phase in fwd) / (pes * ws_cycles), 3)}))
     print(json.dumps({"model": name, "pipelined_over_weight_streaming_cycles_per_sample":
                       round(steady / (ws_cycles / ws_batch), 3)}))
+    measure_training(name, graph, macs, config, exe, ws_batch)
+
+
+def measure_training(name: str, graph, macs: int, config: FabricConfig, exe, ws_batch: int) -> None:
+    """Print the training lines of one model (see the module docstring)."""
+    b2 = _largest_batch(graph, config, optimizer=OPTIMIZER)
+    b1 = max(1, b2 // 2)
+    c1, c2 = phase_cycles(plan(graph, config, b1, OPTIMIZER)), phase_cycles(plan(graph, config, b2, OPTIMIZER))
+    fwd = (c2["forward"] - c1["forward"]) / (b2 - b1)
+    bwd = (c2["backward"] - c1["backward"]) / (b2 - b1)
+    passes = -(-ws_batch // b2)
+    per_pass = -(-ws_batch // passes)
+    cp = phase_cycles(plan(graph, config, per_pass, OPTIMIZER))
+    step = passes * cp["forward"] + cp["backward_first"] + (passes - 1) * cp["backward"] + cp["update"]
+    backward_macs = 2 * macs - graph_first_layer_macs(graph)
+    print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "training": True,
+                      "batches": [b1, b2], "forward_cycles": [c1["forward"], c2["forward"]],
+                      "backward_cycles": [c1["backward"], c2["backward"]], "update_cycles": c2["update"],
+                      "forward_cycles_per_sample": round(fwd, 1), "backward_cycles_per_sample": round(bwd, 1),
+                      "fmac_utilization_backward_steady": round(backward_macs / (config.num_pes * bwd), 3),
+                      "batch": ws_batch, "passes": passes, "step_cycles": step,
+                      "step_cycles_per_sample": round(step / ws_batch, 1),
+                      "bubble_fraction_step": round(1 - ws_batch * (fwd + bwd) / step, 3)}))
+    ws = sum(exe.phases[phase].cycles for phase in exe.sequences["train"])
+    print(json.dumps({"model": name, "mesh": config.mesh, "mode": "weight_streaming", "training": True,
+                      "batch": ws_batch, "step_cycles": ws, "step_cycles_per_sample": round(ws / ws_batch, 1)}))
+    print(json.dumps({"model": name, "training_pipelined_over_weight_streaming_cycles_per_sample":
+                      round(step / ws, 3)}))
+
+
+def graph_first_layer_macs(graph) -> int:
+    """Multiply-adds of the first Linear layer (its input gradient is not computed)."""
+    from wse.host.compiler.weight_streaming import _lower
+    layer = _lower(graph)[0][0]
+    return layer.k * layer.o
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ PIPE_SOURCE = Path(__file__).resolve().parent / "pipe.s"
 T_RUN = 0
 
 #: Record kinds and their codes (``0`` ends a list).
-KINDS = {"end": 0, "pfwd": 1}
+KINDS = {"end": 0, "pfwd": 1, "pbwd": 2, "pupd": 3}
 
 #: Fields of each kind in order: ``(name, "word" | DSD)``.
 FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -40,10 +40,26 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
              ("first", "word"), ("last", "word"), ("bias", "word"), ("relu", "word"), ("send", "word"),
              ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("xw", DSD), ("cin", DSD),
              ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD)),
+    # One layer's backward pass on one PE, for every sample (pipe.s): the delta
+    # (from the host at the last layer, else from the next region's input-gradient
+    # chain, through the ReLU mask) at the chain end, multicast back along the
+    # output line; the input-gradient partials reduced along the input line; the
+    # weight gradient accumulated in place.
+    "pbwd": (("t", "word"), ("k", "word"), ("o", "word"), ("xbase", "word"), ("ybase", "word"),
+             ("dxbase", "word"), ("zero", "word"), ("end", "word"), ("host", "word"), ("mask", "word"), ("bias", "word"),
+             ("mcast", "word"), ("dx", "word"), ("dxfirst", "word"),
+             ("g", DSD), ("zg", DSD), ("db", DSD), ("zo", DSD), ("dz", DSD), ("ys", DSD), ("dyin", DSD),
+             ("mk", DSD), ("dzout", DSD), ("dzin", DSD), ("wrow", DSD), ("dxv", DSD), ("bin", DSD),
+             ("bout", DSD), ("xg", DSD)),
+    # The optimizer on one PE's tile and bias at the end of a batch (pipe.s):
+    # SGD with weight decay, momentum (dampening) and Nesterov, in torch.optim.SGD's order.
+    "pupd": (("params", "word"), ("wd", "word"), ("mom", "word"), ("first", "word"), ("nest", "word"),
+             ("rwd", "word"), ("rmu", "word"), ("rdamp", "word"), ("rlr", "word"),
+             ("w", DSD), ("g", DSD), ("m", DSD), ("b", DSD), ("db", DSD), ("mb", DSD)),
 }
 
 #: The prefix of each kind's offset constants in ``pipe.s``.
-PREFIX = {"end": "END", "pfwd": "PF"}
+PREFIX = {"end": "END", "pfwd": "PF", "pbwd": "PB", "pupd": "PU"}
 
 
 def record_words(kind: str) -> int:

@@ -4,7 +4,7 @@
 ; a tile of the layer's weights in its memory for the whole run. One program
 ; on every PE. A phase is one run: the host writes the address of the phase's
 ; op list into `phase_ops` and launches T_RUN; the task walks the records of
-; the list (layout in firmware/training/pipe_records.py, which defines the
+; the list (layout in firmware/training/pipe.py, which defines the
 ; K_* kind codes and the XX_FIELD offsets used below) and exits at the `end`
 ; record. r15 points at the current record throughout.
 ;
@@ -15,7 +15,9 @@
 
         .data
 phase_ops: .word 0              ; op list of the phase to run (written by the host)
-f_zero:   .word 0               ; +0.0
+f_zero:   .word 0               ; +0.0: a stride-0 memory descriptor on it is a zero vector
+f_big:    .word 0xff000000      ; -2^127 (the ReLU mask)
+f_mone:   .word 0xbf800000      ; -1.0
 
         .text
 run:
@@ -25,6 +27,10 @@ next_op:
         beq     r1, r0, run_done
         li      r2, K_PFWD
         beq     r1, r2, pfwd
+        li      r2, K_PBWD
+        beq     r1, r2, pbwd
+        li      r2, K_PUPD
+        beq     r1, r2, pupd
         jmp     bad_kind
 op_done:
         ld      r1, R_LEN(r15)
@@ -107,6 +113,164 @@ pf_next:
         add     r8, r8, r4
         addi    r3, r3, -1
         bne     r3, r0, pf_sample
+        jmp     op_done
+
+; ---------------------------------------------------------------------------
+; pbwd: one layer's backward pass on this PE, for every sample of the batch,
+; in the order the forward pass left them. The chain end (the last PE of an
+; output line) takes the sample's delta dy: written by the host into the
+; output store at the last layer, else from the next region's input-gradient
+; chain, multiplied by the ReLU mask of the output it kept,
+;   mk = max(mul(ys, -2^127), -1);  dz = mul(mul(dy, mk), -1)
+; (dy where ys > 0, a zero where ys == +0); adds dz into the bias gradient
+;   db = add(db, dz)
+; and multicasts dz back along the output line; the other PEs take it from
+; there. Every PE with an input gradient to send (not layer 0) forms its
+; partials of the layer's input gradient with its k-major tile,
+;   D[k] = +0;  D[k] = add(D[k], mul(Wt[k][o], dz[o])), o = 0 .. O-1
+; and passes them along its input line towards the previous region: the PE
+; at the far end sends D, the others add(in, D), the last hop lands at the
+; previous region's chain end. Then every PE accumulates its weight gradient
+;   G[k][o] = add(G[k][o], mul(dz[o], x[k]))
+; G and db start at +0 with the first pass of a batch (record flag `zero`)
+; and accumulate over its later passes.
+;   r3 samples left, r4 K, r5 O, r8 input slot, r9 output slot
+pbwd:
+        ld      r3, PB_T(r15)
+        ld      r4, PB_K(r15)
+        ld      r5, PB_O(r15)
+        ld      r8, PB_XBASE(r15)
+        ld      r9, PB_YBASE(r15)
+        ld      r10, PB_ZERO(r15)
+        beq     r10, r0, pb_sample      ; a later pass of the batch: accumulate on
+        ldsd    d0, PB_G(r15)
+        ldsd    d1, PB_ZG(r15)
+        fmov    d0, d1                  ; G = +0
+        ld      r10, PB_BIAS(r15)
+        beq     r10, r0, pb_sample
+        ldsd    d0, PB_DB(r15)
+        ldsd    d1, PB_ZO(r15)
+        fmov    d0, d1                  ; db = +0
+pb_sample:
+        ldsd    d0, PB_DZ(r15)
+        ld      r10, PB_END(r15)
+        beq     r10, r0, pb_recv
+        ld      r10, PB_HOST(r15)
+        beq     r10, r0, pb_fab
+        ldsd    d1, PB_YS(r15)
+        setb    d1, r9
+        fmov    d0, d1                  ; dz = the host's delta
+        jmp     pb_have
+pb_fab:
+        ldsd    d1, PB_DYIN(r15)
+        ld      r10, PB_MASK(r15)
+        beq     r10, r0, pb_nomask
+        ldsd    d2, PB_MK(r15)
+        ldsd    d3, PB_YS(r15)
+        setb    d3, r9
+        ld      r11, f_big(r0)
+        fmuls   d2, d3, r11             ; mk = ys * -2^127
+        ld      r11, f_mone(r0)
+        fmaxs   d2, d2, r11             ; mk = max(mk, -1)
+        fmul    d0, d1, d2              ; dz = dy * mk
+        fmuls   d0, d0, r11             ; dz = dz * -1
+        jmp     pb_have
+pb_nomask:
+        fmov    d0, d1                  ; dz = dy
+pb_have:
+        ld      r10, PB_BIAS(r15)
+        beq     r10, r0, pb_nobias
+        ldsd    d2, PB_DB(r15)
+        fadd    d2, d2, d0              ; db = db + dz
+pb_nobias:
+        ld      r10, PB_MCAST(r15)
+        beq     r10, r0, pb_got
+        ldsd    d2, PB_DZOUT(r15)
+        fmov    d2, d0                  ; dz back along the output line
+        jmp     pb_got
+pb_recv:
+        ldsd    d1, PB_DZIN(r15)
+        fmov    d0, d1                  ; dz from the chain end
+pb_got:
+        ld      r10, PB_DX(r15)
+        beq     r10, r0, pb_wgrad
+        ldsd    d1, PB_WROW(r15)
+        ld      r12, PB_DXBASE(r15)
+        add     r13, r4, r0
+pb_dot:
+        add     r7, r0, r0
+        dot     r7, d1, d0              ; D[k] = +0 + Wt[k][0] * dz[0] + ...
+        st      r7, 0(r12)
+        addb    d1, r5                  ; the next input's weights
+        addi    r12, r12, 1
+        addi    r13, r13, -1
+        bne     r13, r0, pb_dot
+        ldsd    d1, PB_DXV(r15)
+        ldsd    d2, PB_BOUT(r15)
+        ld      r10, PB_DXFIRST(r15)
+        beq     r10, r0, pb_dxpass
+        fmov    d2, d1                  ; the far end of the input line: send D
+        jmp     pb_wgrad
+pb_dxpass:
+        ldsd    d3, PB_BIN(r15)
+        fadd    d2, d3, d1              ; send in + D
+pb_wgrad:
+        ldsd    d1, PB_G(r15)
+        ldsd    d2, PB_XG(r15)
+        setb    d2, r8
+        fmacw   d1, d0, d2              ; G[k][o] += dz[o] * x[k]
+        add     r8, r8, r4
+        add     r9, r9, r5
+        addi    r3, r3, -1
+        bne     r3, r0, pb_sample
+        jmp     op_done
+
+; ---------------------------------------------------------------------------
+; pupd: the optimizer on this PE's parameters at the end of a batch: the
+; weight tile, then (at the chain ends of a layer with a bias) the bias.
+; SGD as torch.optim.SGD defines it, one rounding per operation:
+;   g = add(g, mul(w, wd))                        (weight decay)
+;   buf = g (first step), else buf = add(mul(buf, mu), mul(g, 1 - dampening))
+;   g = add(g, mul(buf, mu)) (Nesterov), else g = buf      (with momentum)
+;   w = add(w, mul(g, -lr))
+; The record's descriptors come in threes (w, g, buf), the bias's 6 words on.
+pupd:
+        add     r14, r15, r0
+        ld      r3, PU_PARAMS(r15)      ; 1: the tile; 2: the tile and the bias
+pu_param:
+        ldsd    d0, PU_W(r14)
+        ldsd    d1, PU_G(r14)
+        ldsd    d2, PU_M(r14)
+        ld      r10, PU_WD(r15)
+        beq     r10, r0, pu_mom
+        ld      r11, PU_RWD(r15)
+        fmacs   d1, d1, d0, r11         ; g = g + w * wd
+pu_mom:
+        ld      r10, PU_MOM(r15)
+        beq     r10, r0, pu_step
+        ld      r10, PU_FIRST(r15)
+        beq     r10, r0, pu_buf
+        fmov    d2, d1                  ; the first step: buf = g
+        jmp     pu_nest
+pu_buf:
+        ld      r11, PU_RMU(r15)
+        fmuls   d2, d2, r11             ; buf = buf * mu
+        ld      r11, PU_RDAMP(r15)
+        fmacs   d2, d2, d1, r11         ; buf = buf + g * (1 - dampening)
+pu_nest:
+        ld      r10, PU_NEST(r15)
+        beq     r10, r0, pu_plain
+        ld      r11, PU_RMU(r15)
+        fmacs   d1, d1, d2, r11         ; g = g + buf * mu
+        jmp     pu_step
+pu_plain:
+        ldsd    d1, PU_M(r14)           ; g = buf
+pu_step:
+        ld      r11, PU_RLR(r15)
+        fmacs   d0, d0, d1, r11         ; w = w + g * (-lr)
+        addi    r14, r14, 6
+        addi    r3, r3, -1
+        bne     r3, r0, pu_param
         jmp     op_done
 
         .task T_RUN, run

@@ -18,7 +18,7 @@ from .timing import _color, _Ops
 
 __all__ = ["pe_ops"]
 
-_DISPATCH = {"pfwd": 2 + 1 + 2}      # ld kind, beq end, (li, beq) per kind tested
+_DISPATCH = {"pfwd": 2 + 1 + 2, "pbwd": 2 + 1 + 4, "pupd": 2 + 1 + 6}   # ld kind, beq end, (li, beq) per kind tested
 _OP_DONE = 4                         # ld 2, add, jmp
 
 
@@ -52,6 +52,64 @@ def _pfwd(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
+def _pbwd(ops: _Ops, f: dict) -> None:
+    T, K, O = f["t"], f["k"], f["o"]
+    c_dy, c_zo, c_zi = _color(f["dyin"]), _color(f["dzout"]), _color(f["dzin"])
+    c_bi, c_bo = _color(f["bin"]), _color(f["bout"])
+    ops.busy(10 + 3)                                      # 5 ld; ld, beq
+    if f["zero"]:
+        ops.busy(4 + K * O + 1 + 3)                       # 2 ldsd, fmov G; ld, beq
+        if f["bias"]:
+            ops.busy(4 + O + 1)                           # 2 ldsd, fmov db
+    for _ in range(T):
+        ops.busy(5)                                       # ldsd, ld, beq
+        if f["end"]:
+            ops.busy(3)                                   # ld, beq
+            if f["host"]:
+                ops.busy(3 + O + 1 + 1)                   # ldsd, setb, fmov (memory), jmp
+            else:
+                ops.busy(2 + 3)                           # ldsd, ld, beq
+                if f["mask"]:
+                    ops.busy(5 + 2 + O + 1 + 2 + O + 1)   # 2 ldsd, setb, ld, fmuls, ld, fmaxs
+                    ops.vec(O, in1=c_dy)                  # fmul from the fabric
+                    ops.busy(O + 1 + 1)                   # fmuls, jmp
+                else:
+                    ops.vec(O, in1=c_dy)                  # fmov from the fabric
+            ops.busy(3 + (2 + O + 1 if f["bias"] else 0))      # ld, beq; ldsd, fadd
+            ops.busy(3)                                   # ld, beq
+            if f["mcast"]:
+                ops.busy(2)                               # ldsd
+                ops.vec(O, out=c_zo)
+                ops.busy(1)                               # jmp
+        else:
+            ops.busy(2)                                   # ldsd
+            ops.vec(O, in1=c_zi)
+        ops.busy(3)                                       # ld, beq
+        if f["dx"]:
+            ops.busy(5 + K * (O + 7) + 7)                 # ldsd, ld, add; K x (add, dot, st, addb, 2 addi, bne); 2 ldsd, ld, beq
+            if f["dxfirst"]:
+                ops.vec(K, out=c_bo)
+                ops.busy(1)                               # jmp
+            else:
+                ops.busy(2)                               # ldsd
+                ops.vec(K, in1=c_bi, out=c_bo)
+        ops.busy(5 + K * O + 1 + 4)                       # 2 ldsd, setb; fmacw; add, add, addi, bne
+    ops.busy(1)                                           # jmp op_done
+
+
+def _pupd(ops: _Ops, f: dict) -> None:
+    sizes = [f["w"][2], f["b"][2]][:f["params"]]
+    ops.busy(3)                                           # add, ld
+    for n in sizes:
+        ops.busy(6 + 3 + (2 + n + 1 if f["wd"] else 0) + 3)     # 3 ldsd; ld, beq; ld, fmacs; ld, beq
+        if f["mom"]:
+            ops.busy(3)                                   # ld, beq
+            ops.busy(n + 1 + 1 if f["first"] else 2 + n + 1 + 2 + n + 1)   # fmov, jmp | ld, fmuls, ld, fmacs
+            ops.busy(3 + (2 + n + 1 + 1 if f["nest"] else 2))              # ld, beq; ld, fmacs, jmp | ldsd
+        ops.busy(2 + n + 1 + 3)                           # ld, fmacs; addi, addi, bne
+    ops.busy(1)                                           # jmp op_done
+
+
 def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
     """The timing ops of one PE running the ``pipe.s`` op list that begins at ``words[start]``."""
     ops = _Ops()
@@ -64,7 +122,6 @@ def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
         length = int(words[at + 1])
         kind, fields = pipe.decode(words[at:at + length])
         ops.busy(_DISPATCH[kind])
-        if kind == "pfwd":
-            _pfwd(ops, fields)
+        {"pfwd": _pfwd, "pbwd": _pbwd, "pupd": _pupd}[kind](ops, fields)
         ops.busy(_OP_DONE)
         at += length if length else HEADER_WORDS

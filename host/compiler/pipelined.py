@@ -24,6 +24,8 @@ from wse.firmware.training import pipe
 
 from .ir import Graph
 from .pipelined_place import Region, place
+from .pipelined_train import (TRAIN_COLORS_USED, backward_records, backward_routes, check_optimizer,
+                              train_memory, update_records)
 from .weight_streaming import FitError, WSLayer, _lower, _Memory
 
 __all__ = ["INPUT_COLORS", "CHAIN_COLORS", "COLORS_USED", "PipelinedPlan", "plan"]
@@ -42,6 +44,9 @@ class PipelinedPlan:
     -------
     config, batch, graph:
         What was mapped.
+    optimizer:
+        The :class:`~wse.host.memoryx.optim.OptimizerConfig` the PEs run at
+        the end of each batch, or None for a plan that only evaluates.
     layers:
         The Linear layers in order, with their ReLU flags.
     regions:
@@ -55,11 +60,16 @@ class PipelinedPlan:
     phases:
         Phase name -> ``(ops address, [H][W] lists of record word arrays)``.
     sequences:
-        ``{"eval": [...]}``: the phases of a run.
+        The phases of an evaluation pass (``"eval"``) and, with an optimizer,
+        of a training step: a batch of ``n`` samples runs in passes of
+        ``batch`` samples, ``"first_pass"`` (its gradients start at +0) then
+        ``"pass"`` (they accumulate), and ends with ``"update"`` (or
+        ``"first_update"`` on a run's first step, which creates the momentum buffers).
     """
     config: FabricConfig
     batch: int
     graph: Graph
+    optimizer: object
     layers: list
     regions: list
     memory: dict
@@ -85,20 +95,42 @@ class PipelinedPlan:
         lines.append(f"  memory per PE: {used} of {self.config.sram_words} words ({detail})")
         return lines
 
-    def weight_tiles(self, weights) -> list[tuple[int, int, int, np.ndarray]]:
+    def weight_tiles(self, weights, tile: str = "w", bias: str = "b") -> list[tuple[int, int, int, np.ndarray]]:
         """``(x, y, address, uint32 words)`` writes that place every layer's
-        weight tiles (``Wt[k][o]``, k-major) and biases (at the chain ends) in PE memory."""
+        weight tiles (``Wt[k][o]``, k-major) and biases (at the chain ends) in PE
+        memory; ``tile`` and ``bias`` name the buffers (``"m"``, ``"mb"``: the momentum)."""
         writes = []
         for layer, region in zip(self.layers, self.regions):
             w = np.ascontiguousarray(weights[layer.weight], dtype=np.float32)
-            ins, outs = region.in_blocks(), region.out_blocks()
-            for q, p, x, y in region.cells():
-                tile = w[np.ix_(np.asarray(outs[p]), np.asarray(ins[q]))].T
-                writes.append((x, y, self.addr("w"), np.ascontiguousarray(tile).ravel().view(np.uint32)))
+            for q, p, x, y, ins, outs in self._tiles(region):
+                writes.append((x, y, self.addr(tile), np.ascontiguousarray(w[np.ix_(outs, ins)].T).ravel().view(np.uint32)))
                 if layer.bias is not None and q == region.n_in - 1:
-                    b = np.asarray(weights[layer.bias], dtype=np.float32)[np.asarray(outs[p])]
-                    writes.append((x, y, self.addr("b"), np.ascontiguousarray(b).view(np.uint32)))
+                    b = np.asarray(weights[layer.bias], dtype=np.float32)[outs]
+                    writes.append((x, y, self.addr(bias), np.ascontiguousarray(b).view(np.uint32)))
         return writes
+
+    @staticmethod
+    def _tiles(region):
+        ins, outs = region.in_blocks(), region.out_blocks()
+        for q, p, x, y in region.cells():
+            yield q, p, x, y, np.asarray(ins[q]), np.asarray(outs[p])
+
+    def read_tiles(self, read, tile: str = "w", bias: str = "b") -> dict[str, np.ndarray]:
+        """The parameters (or, with ``"m"``, ``"mb"``, the momentum buffers) by name,
+        assembled from PE memory; ``read(x, y, address, words)`` returns ``uint32`` words."""
+        out = {}
+        for layer, region in zip(self.layers, self.regions):
+            w = np.zeros((region.o, region.k), dtype=np.float32)
+            b = np.zeros(region.o, dtype=np.float32)
+            for q, p, x, y, ins, outs in self._tiles(region):
+                words = read(x, y, self.addr(tile), len(ins) * len(outs))
+                w[np.ix_(outs, ins)] = np.asarray(words, dtype=np.uint32).view(np.float32).reshape(len(ins), -1).T
+                if layer.bias is not None and q == region.n_in - 1:
+                    b[outs] = np.asarray(read(x, y, self.addr(bias), len(outs)), dtype=np.uint32).view(np.float32)
+            out[layer.weight] = w
+            if layer.bias is not None:
+                out[layer.bias] = b
+        return out
 
     def input_streams(self, x: np.ndarray) -> list[tuple[str, int, int, np.ndarray]]:
         """``(edge, index, color, uint32 words)``: the batch ``x [batch, features]``
@@ -115,15 +147,15 @@ class PipelinedPlan:
         return [region.pe(region.n_in - 1, p) + (block,) for p, block in enumerate(region.out_blocks())]
 
 
-def _check_graph(graph: Graph, config: FabricConfig, batch: int) -> tuple[list[WSLayer], list[Region]]:
+def _check_graph(graph: Graph, config: FabricConfig, batch: int, colors: int) -> tuple[list[WSLayer], list[Region]]:
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise UsageError(f"batch must be a positive integer, not {batch!r}")
     layers, relu_input = _lower(graph)
     if relu_input:
         raise FitError(f"model {graph.name} applies a ReLU to its input; the layer-pipelined mode starts "
                        f"with a Linear layer")
-    if config.colors < COLORS_USED:
-        raise FitError(f"the layer-pipelined mode needs {COLORS_USED} colors but the configuration has "
+    if config.colors < colors:
+        raise FitError(f"the layer-pipelined mode needs {colors} colors but the configuration has "
                        f"colors={config.colors}")
     if len(layers) > config.num_pes:
         raise FitError(f"model {graph.name} has {len(layers)} Linear layers but a {config.mesh} mesh has "
@@ -131,8 +163,10 @@ def _check_graph(graph: Graph, config: FabricConfig, batch: int) -> tuple[list[W
     return layers, place([(layer.k, layer.o) for layer in layers], config)
 
 
-def plan(graph: Graph, config: FabricConfig, batch: int) -> PipelinedPlan:
-    """Map ``graph`` for the layer-pipelined mode with batches of ``batch`` samples on ``config``.
+def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> PipelinedPlan:
+    """Map ``graph`` for the layer-pipelined mode with batches of ``batch`` samples on ``config``;
+    with an ``optimizer`` (:class:`~wse.host.memoryx.optim.OptimizerConfig`) the
+    plan also trains: backward pass and the optimizer on the PEs.
 
     Raises
     ------
@@ -141,9 +175,12 @@ def plan(graph: Graph, config: FabricConfig, batch: int) -> PipelinedPlan:
         activations and the op lists do not fit in ``sram_words`` (the
         message names each consumer's words).
     UsageError
-        For a bad batch or a graph without a softmax cross-entropy loss.
+        For a bad batch, a graph without a softmax cross-entropy loss or an
+        optimizer the PEs do not run.
     """
-    layers, regions = _check_graph(graph, config, batch)
+    if optimizer is not None:
+        check_optimizer(optimizer)
+    layers, regions = _check_graph(graph, config, batch, COLORS_USED if optimizer is None else TRAIN_COLORS_USED)
     batch = int(batch)
     program = pipe.pipelined_program(config)
     k_max = max(-(-r.k // r.n_in) for r in regions)
@@ -154,23 +191,49 @@ def plan(graph: Graph, config: FabricConfig, batch: int) -> PipelinedPlan:
     mem.take("acc", o_max, "the partial sums")
     mem.take("xs", batch * k_max, f"the inputs of {batch} samples in flight")
     mem.take("ys", batch * o_max, f"the outputs of {batch} samples in flight")
-    ops = mem.take("ops:forward", pipe.record_words("pfwd") + 2, "op lists")
+    if optimizer is not None:
+        train_memory(mem, max(r.tile for r in regions), k_max, o_max, optimizer)
+    ops = {"forward": mem.take("ops:forward", pipe.record_words("pfwd") + 2, "op lists")}
+    if optimizer is not None:
+        ops["backward_first"] = mem.take("ops:backward_first", pipe.record_words("pbwd") + 2, "op lists")
+        ops["backward"] = mem.take("ops:backward", pipe.record_words("pbwd") + 2, "op lists")
+        ops["update"] = mem.take("ops:update", pipe.record_words("pupd") + 2, "op lists")
+        if optimizer.hyper["momentum"] != 0:
+            ops["update_first"] = mem.take("ops:update_first", pipe.record_words("pupd") + 2, "op lists")
     if mem.next > config.sram_words:
         detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
         raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE in the "
                        f"layer-pipelined mode on a {config.mesh} mesh ({detail}, program data "
                        f"{program.data_end}) but sram_words is {config.sram_words}")
-    records = _forward_records(config, layers, regions, mem, batch, program.symbol("f_zero"))
-    return PipelinedPlan(config, batch, graph, layers, regions, dict(mem.regions), dict(mem.owners),
-                         _routes(regions), {"forward": (ops, records)}, {"eval": ["forward"]})
+    zero = program.symbol("f_zero")
+    phases = {"forward": (ops["forward"], _forward_records(config, layers, regions, mem, batch, zero))}
+    sequences = {"eval": ["forward"]}
+    routes = _routes(regions)
+    if optimizer is not None:
+        routes += backward_routes(regions, _along)
+        for name, first in (("backward_first", True), ("backward", False)):
+            phases[name] = (ops[name], backward_records(config, layers, regions, mem, batch, zero, first))
+        phases["update"] = (ops["update"], update_records(config, layers, regions, mem, optimizer, False))
+        sequences.update({"first_pass": ["forward", "backward_first"], "pass": ["forward", "backward"],
+                          "first_update": ["update"], "update": ["update"]})
+        if "update_first" in ops:
+            phases["update_first"] = (ops["update_first"],
+                                      update_records(config, layers, regions, mem, optimizer, True))
+            sequences["first_update"] = ["update_first"]
+    return PipelinedPlan(config, batch, graph, optimizer, layers, regions, dict(mem.regions), dict(mem.owners),
+                         routes, phases, sequences)
+
+
+def _along(region: Region) -> tuple[Port, Port]:
+    """``(port along an input line, port along a reduction chain)`` of a region's forward routes."""
+    return (Port.S, Port.E) if region.inputs_on_columns else (Port.E, Port.S)
 
 
 def _routes(regions: list[Region]) -> list:
     routes = []
     for l, region in enumerate(regions):
         color = INPUT_COLORS[l % 2]
-        along_in = Port.S if region.inputs_on_columns else Port.E     # an input line
-        along_out = Port.E if region.inputs_on_columns else Port.S    # a reduction chain
+        along_in, along_out = _along(region)
         for q in range(region.n_in):
             cells = [region.pe(q, p) for p in range(region.n_out)]
             if l == 0:

@@ -65,7 +65,9 @@ def phase_cycles(plan) -> dict[str, int]:
 
 
 def pe_fmacs(plan, name: str) -> np.ndarray:
-    """FMAC elements (``fmuls`` of the first input and ``fmacw``) of every PE in phase ``name``, ``[H, W]``."""
+    """FMAC elements of every PE in phase ``name``, ``[H, W]``: forward, ``fmuls`` of
+    the first input and ``fmacw``; backward, the weight gradient's ``fmacw`` and the
+    input gradient's ``dot`` (not in layer 0)."""
     cfg = plan.config
     out = np.zeros((cfg.height, cfg.width), dtype=np.int64)
     for y, row in enumerate(plan.phases[name][1]):
@@ -74,4 +76,6 @@ def pe_fmacs(plan, name: str) -> np.ndarray:
                 kind, f = pipe.decode(words)
                 if kind == "pfwd":
                     out[y, x] += f["t"] * f["k"] * f["o"]
+                elif kind == "pbwd":      # fmacw of the weight gradient, dot of the input gradient
+                    out[y, x] += f["t"] * f["k"] * f["o"] * (2 if f["dx"] else 1)
     return out

@@ -4,10 +4,15 @@
 the host API with a :class:`~wse.host.compiler.pipelined.PipelinedPlan`:
 it loads the program, the routes and the op lists, writes every weight tile
 into PE memory once, streams a batch in at the first region's north edge,
-runs the phase and reads the logits where the last region's chains end.
-:func:`functional_forward` computes the same logits on the host with the
-firmware's order of binary32 operations (``pipe.s``; ``docs/layer_pipelined.md``
-section 4), bit for bit.
+runs the phase and reads the logits where the last region's chains end; a
+training step then writes the loss delta where the logits were, runs the
+backward phase and the optimizer's update on the PEs, and the weights stay
+there (:meth:`PipelinedDevice.read_state` reads them back for checkpoints).
+:func:`functional_forward`, :func:`functional_backward` and
+:func:`functional_update` compute the same on the host with the firmware's
+order of binary32 operations (``pipe.s``; ``docs/layer_pipelined.md``
+section 4), bit for bit; :class:`PipelinedFunctional` is the functional
+model's training step.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from typing import Mapping
 
 import numpy as np
 
+from wse.firmware.training import numerics
 from wse.firmware.training.pipe import T_RUN, pipelined_program
 from wse.sim.devices import make_device
 
-__all__ = ["PipelinedDevice", "functional_forward"]
+from .loss import mean_cross_entropy
+
+__all__ = ["PipelinedDevice", "PipelinedFunctional", "functional_forward", "functional_backward",
+           "functional_update", "loss_delta", "passes"]
 
 
 def _ftz(values: np.ndarray) -> np.ndarray:
@@ -66,6 +75,148 @@ def functional_forward(plan, weights: Mapping[str, np.ndarray], x: np.ndarray) -
     return outs
 
 
+def _mask(dy: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """``mul(mul(dy, max(mul(ys, -2^127), -1)), -1)``: ``dy`` where ``ys > 0``, a zero where ``ys == +0``."""
+    with np.errstate(over="ignore"):
+        mk = _ftz(ys * np.float32(-2.0 ** 127))
+    mk = np.maximum(mk, np.float32(-1.0))
+    return _ftz(_ftz(dy * mk) * np.float32(-1.0))
+
+
+def loss_delta(plan, logits: np.ndarray, y: np.ndarray, real: int, n: int) -> np.ndarray:
+    """The softmax cross-entropy delta ``[batch, classes]`` of one pass's ``logits``
+    for labels ``y`` of its first ``real`` samples (the rest padding), scaled by
+    ``1/n`` for a batch of ``n`` samples, in the order of
+    :func:`wse.firmware.training.numerics.softmax_delta`; through the ReLU mask if
+    the model ends in one. The host computes it and writes it where the logits were."""
+    batch, classes = logits.shape
+    onehot = np.zeros((classes, batch), dtype=np.float32)
+    onehot[np.asarray(y[:real]), np.arange(real)] = 1.0
+    scale = np.zeros(batch, dtype=np.float32)
+    scale[:real] = np.float32(1.0) / np.float32(n)
+    z = np.ascontiguousarray(logits.T).view(np.uint32)
+    delta = numerics.softmax_delta(z, onehot.view(np.uint32), scale.view(np.uint32)).view(np.float32).T
+    delta = np.ascontiguousarray(delta)
+    return _mask(delta, logits) if plan.layers[-1].relu else delta
+
+
+def functional_backward(plan, weights: Mapping[str, np.ndarray], x: np.ndarray, outs: list[np.ndarray],
+                        delta: np.ndarray, grads: dict | None = None) -> dict[str, np.ndarray]:
+    """The weight and bias gradients after one pass, bit for bit as ``pbwd`` leaves
+    them in PE memory: ``x`` the pass's samples, ``outs`` :func:`functional_forward`'s
+    outputs, ``delta`` :func:`loss_delta`'s, ``grads`` those of the batch's earlier
+    passes (None: the first pass, from +0). Per layer, from the last:
+
+    * ``dz`` = the delta (last layer), else the masked input gradient of the next layer;
+    * ``db[o] = +0 + dz[0][o] + dz[1][o] + ...`` and
+      ``dW[o, k] = +0 + dz[0][o]*x[0][k] + dz[1][o]*x[1][k] + ...`` over the samples in order;
+    * the input gradient: per output line ``p``, ``D_p[k] = +0 + W[o0, k] dz[o0] + W[o1, k] dz[o1] + ...``
+      over the line's outputs, then ``dx = ((D_{n-1} + D_{n-2}) + ...) + D_0``.
+    """
+    acts = [_ftz(np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1))] + list(outs[:-1])
+    before = grads or {}
+    grads = {}
+    dz = np.asarray(delta, dtype=np.float32)
+    for l in range(len(plan.layers) - 1, -1, -1):
+        layer, region = plan.layers[l], plan.regions[l]
+        if l < len(plan.layers) - 1 and layer.relu:
+            dz = _mask(dz, outs[l])
+        xin = acts[l]
+        g = before.get(layer.weight, np.zeros((region.o, region.k), dtype=np.float32))
+        db = before.get(layer.bias, np.zeros(region.o, dtype=np.float32))
+        for s in range(dz.shape[0]):
+            g = _ftz(g + _ftz(dz[s][:, None] * xin[s][None, :]))
+            db = _ftz(db + dz[s])
+        grads[layer.weight] = g
+        if layer.bias is not None:
+            grads[layer.bias] = db
+        if l:
+            w = _ftz(np.asarray(weights[layer.weight], dtype=np.float32))
+            dx = None
+            for block in reversed(region.out_blocks()):
+                part = np.zeros((dz.shape[0], region.k), dtype=np.float32)
+                for o in block:
+                    part = _ftz(part + _ftz(w[o][None, :] * dz[:, o, None]))
+                dx = part if dx is None else _ftz(dx + part)
+            dz = dx
+    return grads
+
+
+def functional_update(plan, params: dict, grads: Mapping[str, np.ndarray], state: dict, first: bool) -> None:
+    """The optimizer's step on ``params`` (name -> float32 array, changed in place)
+    with ``grads``, as ``pupd`` computes it; ``state`` holds the momentum
+    buffers by parameter name (filled on the ``first`` step)."""
+    h = plan.optimizer.hyper
+    wd, mu = np.float32(h["weight_decay"]), np.float32(h["momentum"])
+    damp, mlr = np.float32(1 - h["dampening"]), np.float32(-h["lr"])
+    for name, w in params.items():
+        g = np.array(grads[name], dtype=np.float32)
+        if h["weight_decay"] != 0:
+            g = _ftz(g + _ftz(w * wd))
+        if h["momentum"] != 0:
+            if first:
+                buf = g.copy()
+            else:
+                buf = _ftz(_ftz(state[name] * mu) + _ftz(g * damp))
+            state[name] = buf
+            g = _ftz(g + _ftz(buf * mu)) if h["nesterov"] else buf
+        w[...] = _ftz(w + _ftz(g * mlr))
+
+
+class PipelinedFunctional:
+    """The functional model of layer-pipelined training: the parameters and the
+    momentum buffers on the host, each step computed as the fabric computes it.
+
+    Parameters
+    ----------
+    plan:
+        A training plan (with an optimizer).
+    weights:
+        Initial parameters by name.
+    """
+
+    def __init__(self, plan, weights: Mapping[str, np.ndarray]):
+        self.plan = plan
+        self.params = {name: _ftz(np.asarray(weights[name], dtype=np.float32)) for name in _param_names(plan)}
+        self.state: dict[str, np.ndarray] = {}
+        self.steps = 0
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+        """One batch of ``n`` samples ``x [n, ...]``, labels ``y [n]``: ``(loss,
+        logits [n, classes])``; the parameters are updated."""
+        grads, logits = None, []
+        for xb, yb, real, n in passes(self.plan, x, y):
+            outs = functional_forward(self.plan, self.params, xb)
+            delta = loss_delta(self.plan, outs[-1], yb, real, n)
+            grads = functional_backward(self.plan, self.params, xb, outs, delta, grads)
+            logits.append(outs[-1][:real])
+        functional_update(self.plan, self.params, grads, self.state, self.steps == 0)
+        self.steps += 1
+        logits = np.concatenate(logits)
+        return mean_cross_entropy(logits, np.asarray(y)), logits
+
+
+def passes(plan, x: np.ndarray, y: np.ndarray):
+    """``(x [batch, features], y [batch], real, n)`` of each pass of a batch of
+    ``n`` samples: ``plan.batch`` samples at a time, the last pass padded with zeros."""
+    y = np.asarray(y)
+    n = len(y)
+    x = np.asarray(x, dtype=np.float32).reshape(n, -1)
+    for start in range(0, n, plan.batch):
+        real = min(plan.batch, n - start)
+        xb = np.zeros((plan.batch, x.shape[1]), dtype=np.float32)
+        yb = np.zeros(plan.batch, dtype=np.int64)
+        xb[:real], yb[:real] = x[start:start + real], y[start:start + real]
+        yield xb, yb, real, n
+
+
+def _param_names(plan) -> list[str]:
+    names = []
+    for layer in plan.layers:
+        names += [layer.weight] + ([layer.bias] if layer.bias is not None else [])
+    return names
+
+
 class PipelinedDevice:
     """A device running a layer-pipelined plan (see the module docstring).
 
@@ -83,6 +234,7 @@ class PipelinedDevice:
         self.device = make_device(device, plan.config)
         self.device.load(self.program)
         self.device.load_routes(plan.routes)
+        self.steps = 0
         cfg = plan.config
         for name, (addr, records) in plan.phases.items():
             image = np.zeros((cfg.height, cfg.width, plan.memory[f"ops:{name}"][1]), dtype=np.uint32)
@@ -105,6 +257,22 @@ class PipelinedDevice:
         self.device.launch(T_RUN)
         return int(self.device.run())
 
+    def _read(self, x: int, y: int, addr: int, words: int) -> np.ndarray:
+        return self.device.memcpy_d2h(addr, words, (x, y, 1, 1))[0, 0]
+
+    def write_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Place the momentum buffers (by parameter name) in PE memory, for a resumed run."""
+        for x, y, addr, words in self.plan.weight_tiles(state, "m", "mb"):
+            self.device.memcpy_h2d(addr, words[None, None, :], (x, y, 1, 1))
+        self.steps = max(self.steps, 1)
+
+    def read_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(parameters, momentum buffers)`` by name, read back from PE memory
+        (the buffers empty before the first step or without momentum)."""
+        params = self.plan.read_tiles(self._read)
+        has_buffers = "m" in self.plan.memory and self.steps
+        return params, self.plan.read_tiles(self._read, "m", "mb") if has_buffers else {}
+
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, int]:
         """``(logits [batch, classes], cycles)`` of the batch ``x`` through the resident weights."""
         plan = self.plan
@@ -114,6 +282,32 @@ class PipelinedDevice:
         cycles = self.run_phase("forward")
         logits = np.zeros((plan.batch, plan.layers[-1].o), dtype=np.float32)
         for x0, y0, block in plan.logit_cells():
-            words = self.device.memcpy_d2h(plan.addr("ys"), plan.batch * len(block), (x0, y0, 1, 1))[0, 0]
+            words = self._read(x0, y0, plan.addr("ys"), plan.batch * len(block))
             logits[:, np.asarray(block)] = words.view(np.float32).reshape(plan.batch, len(block))
         return logits, cycles
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, dict]:
+        """One batch of ``n`` samples on the fabric: ``(loss, logits [n, classes],
+        cycles by phase, summed over the passes)``. Per pass of ``plan.batch``
+        samples: the forward phase, the loss delta (:func:`loss_delta`) written
+        where the logits were, the backward phase; then the update
+        (``update_first`` on the first step of a run with momentum). The
+        parameters stay in PE memory."""
+        plan = self.plan
+        cycles: dict[str, int] = {}
+        logits = []
+        for i, (xb, yb, real, n) in enumerate(passes(plan, x, y)):
+            out, c = self.forward(xb)
+            cycles["forward"] = cycles.get("forward", 0) + c
+            delta = loss_delta(plan, out, yb, real, n)
+            for x0, y0, block in plan.logit_cells():
+                words = np.ascontiguousarray(delta[:, np.asarray(block)]).ravel().view(np.uint32)
+                self.device.memcpy_h2d(plan.addr("ys"), words[None, None, :], (x0, y0, 1, 1))
+            for name in plan.sequences["first_pass" if i == 0 else "pass"][1:]:
+                cycles[name] = cycles.get(name, 0) + self.run_phase(name)
+            logits.append(out[:real])
+        for name in plan.sequences["first_update" if self.steps == 0 else "update"]:
+            cycles[name] = self.run_phase(name)
+        self.steps += 1
+        logits = np.concatenate(logits)
+        return mean_cross_entropy(logits, np.asarray(y)), logits, cycles
