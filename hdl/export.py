@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -153,6 +154,12 @@ def _columns(cells: dict[str, int]) -> dict[str, int]:
     return {column: sum(cells.get(t, 0) for t in types) for column, types in _RESOURCES.items()}
 
 
+def _heartbeat(label: str, start: float, done: threading.Event, every: float = 10.0) -> None:
+    """A line on stderr every ``every`` seconds until ``done`` (a long yosys run is not silent)."""
+    while not done.wait(every):
+        print(f"  ... synthesizing the {label}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+
 def synth_report(config: FabricConfig, out_dir) -> Path:
     """Synthesize one router, one tile and a :data:`SYNTH_MESH` mesh of
     ``config`` and write ``out_dir/report.md`` with their ECP5 resources;
@@ -165,8 +172,17 @@ def synth_report(config: FabricConfig, out_dir) -> Path:
     for label, cfg, top in (("router", config, "router"), ("tile (router + PE)", config, "tile"),
                             (f"{mesh.mesh} mesh", mesh, "fabric")):
         start = time.monotonic()
-        path = export_verilog(cfg, out, top)
-        cells = synthesize(path, log=path.with_suffix(".yosys.log"))
+        print(f"synthesizing the {label} ({len(rows) + 1} of 3; the whole report takes about 12 minutes "
+              "on 2 cores)", file=sys.stderr, flush=True)
+        done = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(label, start, done), daemon=True)
+        beat.start()
+        try:
+            path = export_verilog(cfg, out, top)
+            cells = synthesize(path, log=path.with_suffix(".yosys.log"))
+        finally:
+            done.set()
+            beat.join()
         rows.append((label, _columns(cells), time.monotonic() - start))
     yosys_version = subprocess.run([_yosys(), "-V"], capture_output=True, text=True).stdout.strip()
     head = "| design | " + " | ".join(_RESOURCES) + " | time (s) |"

@@ -11,6 +11,11 @@ Command line::
     wse kernel --list
     wse kernel NAME [--mesh WxH] [--seed S] [--rows R --cols C] [--n N]
                     [--variant row|column] [--sram-words K] [--backend B] [--json]
+                    [--trace FILE.json] [--trace-region X,Y,W,H] [--trace-queue X,Y ...]
+                    [--pictures DIR]
+
+``--trace`` writes a Perfetto timeline of the run (golden model) and
+``--pictures`` its heatmaps (``docs/pictures.md``).
 
 Prints a short summary, or with ``--json`` the report of :func:`run_kernel`
 as one JSON object. On a device other than ``golden`` (``verilator``,
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Callable
 
@@ -39,7 +45,7 @@ __all__ = ["run_kernel", "run", "main"]
 
 
 def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "golden",
-        device: Callable[[FabricConfig], Device] | None = None, **sizes) -> dict:
+        device: Callable[[FabricConfig], Device] | None = None, look: dict | None = None, **sizes) -> dict:
     """Run ``kernel`` on random data and check it; see :func:`run_kernel` for
     the arguments and the report's fields."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -49,9 +55,11 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
     inputs = kernel.inputs(plan, np.random.default_rng(int(seed)))
     expected, exact = kernel.reference(plan, inputs)
     fabric = device(config) if device is not None else make_device(backend, config)
+    recorder = _start_recording(fabric, look) if look else None
     start = time.perf_counter()
     got, cycles = kernel.execute(fabric, plan, inputs)
     seconds = time.perf_counter() - start
+    pictures = _write_pictures(recorder, look, f"{kernel.name} {kernel.describe(sizes)}") if recorder else {}
     got = np.asarray(got, dtype=np.uint32)
     if got.shape != expected.shape:
         raise RuntimeError(f"{kernel.name} returned shape {got.shape}, expected {expected.shape}")
@@ -75,11 +83,40 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
         "fmac_utilization": float(per_pe.mean()) if per_pe.size else 0.0,
         "utilization": [[round(float(u), 6) for u in row] for row in per_pe],
         "seconds": round(seconds, 3),
+        **pictures,
     }
 
 
+def _start_recording(fabric, look: dict):
+    """Attach an event recorder to a golden fabric (``look``: ``region``, ``queues``)."""
+    if not hasattr(fabric, "record"):
+        raise UsageError(f"--trace and --pictures need the golden backend, not {getattr(fabric, 'backend', '?')}")
+    try:
+        return fabric.record(rect=look.get("region"), queues=look.get("queues") or ())
+    except UsageError as exc:
+        raise UsageError(f"--trace-region / --trace-queue: {exc}") from None
+
+
+def _write_pictures(recorder, look: dict, title: str) -> dict:
+    """Write the trace and heatmaps ``look`` asks for; their paths for the report."""
+    from .golden.heatmap import mesh_pictures
+    from .golden.perfetto import write_trace
+
+    out = {}
+    if look.get("trace"):
+        write_trace(recorder, look["trace"], title)
+        out["trace"] = str(look["trace"])
+        if recorder.dropped:
+            out["trace_dropped_slices"] = recorder.dropped
+    if look.get("pictures"):
+        paths = mesh_pictures(recorder, look["pictures"], title=title)
+        out["pictures"] = {name: str(path) for name, path in paths.items()}
+    return out
+
+
 def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "golden",
-               device: Callable[[FabricConfig], Device] | None = None, **sizes) -> dict:
+               device: Callable[[FabricConfig], Device] | None = None, look: dict | None = None,
+               **sizes) -> dict:
     """Run a library kernel on random data from ``seed`` and check it.
 
     Parameters
@@ -96,6 +133,12 @@ def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "g
     device:
         A factory ``config -> device`` implementing the host API
         (:class:`wse.sim.api.Device`): how other devices plug in.
+    look:
+        Pictures of the run (golden model only): ``trace`` (a path for the
+        Perfetto timeline), ``pictures`` (a folder for the heatmaps),
+        ``region`` (``(x0, y0, w, h)``: the PEs on the timeline) and
+        ``queues`` (``(x, y)`` routers whose FIFO occupancy is a counter).
+        The report then names the files (``trace``, ``pictures``).
     **sizes:
         ``rows`` and ``cols`` (gemv), ``n`` (the others), ``variant``
         (``"row"`` or ``"column"`` for broadcast and reduce); defaults as in
@@ -117,7 +160,7 @@ def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "g
         For an unknown kernel or backend, sizes that are not positive
         integers, or data that does not fit in the PE memory.
     """
-    return run(get_kernel(name), config, seed, backend, device, **sizes)
+    return run(get_kernel(name), config, seed, backend, device, look, **sizes)
 
 
 # The wse kernel command ---------------------------------------------------------------
@@ -143,7 +186,42 @@ def _parser() -> _Parser:
     parser.add_argument("--backend", default="golden",
                         help=f"device: {', '.join(device_names())} (default golden)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--trace", help="write a Perfetto timeline of the run to this JSON file (golden)")
+    parser.add_argument("--trace-region", help="X,Y,W,H: only these PEs on the timeline (big meshes)")
+    parser.add_argument("--trace-queue", action="append", default=[],
+                        help="X,Y: a router whose FIFO occupancy the timeline shows (repeatable)")
+    parser.add_argument("--pictures", help="write heatmaps (FMAC utilization, stalls, links) into this folder")
     return parser
+
+
+def _ints(text: str, count: int, option: str, form: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != count or min(values) < 0:
+        raise UsageError(f"{option} must be {form} (non-negative integers), not {text!r}")
+    return values
+
+
+def _look(args) -> dict | None:
+    """The pictures asked for on the command line, checked."""
+    if not (args.trace or args.pictures):
+        if args.trace_region or args.trace_queue:
+            raise UsageError("--trace-region and --trace-queue need --trace FILE")
+        return None
+    if args.backend != "golden":
+        raise UsageError(f"--trace and --pictures need --backend golden, not {args.backend}")
+    look = {"trace": args.trace, "pictures": args.pictures}
+    if args.trace:
+        parent = os.path.dirname(os.path.abspath(args.trace))
+        if not os.path.isdir(parent):
+            raise UsageError(f"--trace {args.trace}: the folder {parent} does not exist")
+    if args.trace_region:
+        look["region"] = _ints(args.trace_region, 4, "--trace-region", "X,Y,W,H")
+    look["queues"] = [_ints(q, 2, "--trace-queue", "X,Y") for q in args.trace_queue]
+    return look
 
 
 def _summary(report: dict) -> str:
@@ -185,8 +263,13 @@ def main(argv: list[str]) -> int:
     sizes = {key: value for key, value in given.items() if value is not None}
     if args.backend not in device_names():
         raise UsageError(f"--backend must be one of {', '.join(device_names())}, not {args.backend!r}")
-    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, **sizes)
+    look = _look(args)
+    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, look=look, **sizes)
     if args.backend != "golden":
         report["golden_cycles"] = run_kernel(kernel.name, config, args.seed, **sizes)["cycles"]
     print(json.dumps(report) if args.json else _summary(report))
+    if not args.json:
+        for name, path in ({"timeline": report.get("trace")} | report.get("pictures", {})).items():
+            if path:
+                print(f"  {name:<9}: {path}")
     return 0 if report["bit_exact"] else 1

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "disasm": ("wse.firmware.tools", "disasm_main", "disassemble a PE program: wse disasm FILE.bin"),
     "kernel": ("wse.sim.runner", "main", "run a library kernel on random data and check it"),
     "train": ("wse.host.appliance.cli", "main", "train a PyTorch model on the fabric"),
+    "report": ("wse.host.appliance.runreport", "main", "the one-page report of a training run: wse report RUN"),
 }
 
 

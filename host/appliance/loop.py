@@ -29,6 +29,7 @@ from .engines import Engine, describe_launch
 from .evaluation import evaluate
 from .folder import LOG_NAME, TENSORBOARD_DIR
 from .options import Settings
+from .pictures import FirstStep
 from .preparation import Prepared
 from .report import Progress, RunSummary, Scalars, finish_run, systems_report
 
@@ -67,6 +68,19 @@ def _epoch_record(trainer: dict, epoch: int, steps_per_epoch: int, batch: int, t
             "test_accuracy": test[1], "wall_s": wall_s}
 
 
+def step_utilization(executable, phases: dict, cycles: int) -> float | None:
+    """The whole step's FMAC utilization: every phase's FMACs over PEs times the step's cycles.
+
+    The runtime's ``fmac_utilization`` counts the streamed GEMM phases only
+    (their FMACs over their cycles); this one also counts the cycles of the
+    other phases (loss, activations' derivatives, transfers). None for an
+    executable without compiled phases."""
+    if not hasattr(executable, "phases") or not hasattr(executable, "config"):
+        return None
+    fmacs = sum(int(executable.phases[name].fmacs) for name in phases if name in executable.phases)
+    return float(fmacs / (executable.config.num_pes * cycles)) if cycles else 0.0
+
+
 def _take_step(p: Prepared, engine: Engine, trainer: dict, progress: Progress, scalars: Scalars) -> float:
     """Train on the next batch, record the step in ``trainer`` and report it; the seconds the step took."""
     xb, yb = p.batches.next_batch()
@@ -85,10 +99,15 @@ def _take_step(p: Prepared, engine: Engine, trainer: dict, progress: Progress, s
     hist["correct"].append(result.correct)
     hist["cycles"].append(result.cycles)
     hist["utilization"].append(result.utilization)
+    whole = step_utilization(p.executable, result.phases, result.cycles)
+    if whole is not None:
+        hist.setdefault("step_utilization", []).append(whole)
     trainer["phases"] = result.phases
-    progress.step(step, step / p.steps_per_epoch, loss, acc, result.cycles, result.utilization)
+    progress.step(step, step / p.steps_per_epoch, loss, acc, result.cycles, result.utilization, whole)
     values = {"train/loss": loss, "train/batch_accuracy": acc, "fabric/cycles_per_step": result.cycles,
               "fabric/fmac_utilization": result.utilization}
+    if whole is not None:
+        values["fabric/fmac_utilization_step"] = whole
     swarmx = engine.swarmx if engine.systems > 1 else None
     if swarmx is not None:
         values.update({"swarmx/broadcast_cycles_per_step": swarmx.broadcast,
@@ -115,6 +134,18 @@ def _end_epoch(p: Prepared, engine: Engine, trainer: dict, progress: Progress, s
     progress.message(f"epoch {epoch}: train loss {record['train_loss']:.4f}  train acc {record['train_accuracy']:.4f}"
                      f"  test loss {record['test_loss']:.4f}  test acc {record['test_accuracy']:.4f}")
     return test
+
+
+def _first_pictures(first: FirstStep, trainer: dict, progress: Progress, scalars: Scalars) -> None:
+    """Write the first step's pictures (golden model) and show where they are."""
+    if not first.active:
+        return
+    index = first.finish(trainer["phases"])
+    for phase, paths in index["phases"].items():
+        scalars.add_image(1, f"fabric/fmac_utilization/{phase}", paths["fmac"])
+    where = first.out
+    progress.message(f"pictures of step 1: {len(index['phases'])} phases x (fmac, stalls, links) PNG in {where}, "
+                     f"timeline {index['trace']}")
 
 
 def train_loop(prepared: Prepared, engine: Engine, *, stream=None) -> RunSummary | None:
@@ -165,9 +196,16 @@ def train_loop(prepared: Prepared, engine: Engine, *, stream=None) -> RunSummary
                          + (f", resumed at step {resumed_from}" if resumed_from is not None else ""))
         last_eval: tuple[float, float] | None = None
         evaluated = False
+        first = FirstStep(engine, out) if root and trainer["step"] == 0 else None
+        if first is not None and not first.active:
+            progress.message(f"pictures: none for the {s.backend} backend (per-PE heatmaps and the timeline "
+                             "of the first step need --backend golden)")
         while trainer["step"] < total:
             step_s += _take_step(p, engine, trainer, progress, scalars)
             step = trainer["step"]
+            if first is not None:
+                _first_pictures(first, trainer, progress, scalars)
+                first = None
             last_eval, evaluated = None, False
             epoch_end = p.batches.position == 0
             if epoch_end:
@@ -182,6 +220,7 @@ def train_loop(prepared: Prepared, engine: Engine, *, stream=None) -> RunSummary
         if root:
             test_loss, test_acc = last_eval or evaluate(p.runtime, weights, *p.test_data, s.batch)
             train_acc = evaluate(p.runtime, weights, *p.train_data, s.batch)[1] if p.config.eval_train else None
+        trainer["steps_per_s_after_first"] = progress.rate(trainer["step"])
     finally:
         progress.close()
         scalars.close()

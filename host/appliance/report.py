@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any, Mapping, Sequence
 from wse.atomic import atomic_open
 from wse.host.memoryx import OPTIMIZERS, OptimizerConfig
 
+from .pictures import PICTURES_DIR
 from .folder import (ELASTIC_NAME, EXECUTABLE_NAME, FABRIC_NAME, LOG_NAME, SCRATCH_DIR, SUMMARY_NAME,
                      TENSORBOARD_DIR)
 
@@ -38,9 +39,11 @@ __all__ = ["Progress", "Scalars", "RunSummary", "finish_run", "systems_report", 
 
 
 def _fmt_step(step: int, total: int, epoch: float, loss: float, accuracy: float, cycles: float,
-              utilization: float) -> str:
+              utilization: float, step_utilization: float | None = None) -> str:
+    util = (f"FMAC util step {step_utilization:.3f} GEMMs {utilization:.3f}" if step_utilization is not None
+            else f"FMAC util GEMMs {utilization:.3f}")
     return (f"step {step}/{total}  epoch {epoch:.2f}  loss {loss:.4f}  acc {accuracy:.3f}  "
-            f"cycles/step {cycles:,.0f}  FMAC util {utilization:.3f}")
+            f"cycles/step {cycles:,.0f}  {util}")
 
 
 class Progress:
@@ -63,6 +66,10 @@ class Progress:
         A file that receives every log line (appended), whatever the mode.
     suffix : str
         Appended to every step line (e.g. the SwarmX cycles of a run on several systems).
+
+    The steps/s rate of a line leaves out the first step of the invocation
+    (it compiles and warms caches, often a hundred times slower); that step's
+    line says how long it took instead.
     """
 
     def __init__(self, total: int, initial: int, mode: str, log_every: int, stream: IO[str] | None = None,
@@ -77,6 +84,7 @@ class Progress:
         self._bar = None
         self._started = time.perf_counter()
         self._initial = initial
+        self._warm: tuple[int, float] | None = None   # (step, time) at the end of the first step
         if mode == "bar":
             from tqdm import tqdm
 
@@ -98,17 +106,34 @@ class Progress:
         """Show one line (and log it)."""
         self._emit(line)
 
+    def rate(self, step: int) -> float | None:
+        """Steps per second after the first step of this invocation (None before a second step)."""
+        if self._warm is None or step <= self._warm[0]:
+            return None
+        return (step - self._warm[0]) / max(time.perf_counter() - self._warm[1], 1e-9)
+
     def step(self, step: int, epoch: float, loss: float, accuracy: float, cycles: float,
-             utilization: float) -> None:
-        """Report one finished step (``step`` counts from 1)."""
+             utilization: float, step_utilization: float | None = None) -> None:
+        """Report one finished step (``step`` counts from 1); ``utilization`` is the streamed
+        GEMMs' FMAC utilization, ``step_utilization`` the whole step's."""
+        now = time.perf_counter()
+        first = self._warm is None
+        if first:
+            self._warm = (step, now)
         if self._bar is not None:
-            self._bar.update(1)
+            if first:   # the bar's rate, too, starts after the warm-up step
+                self._bar.reset(total=self.total)
+                self._bar.update(step)
+            else:
+                self._bar.update(1)
             self._bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.3f}", cycles=f"{cycles:,.0f}",
                                   util=f"{utilization:.3f}", refresh=False)
-        if step % self.log_every == 0 or step == self.total:
-            rate = (step - self._initial) / max(time.perf_counter() - self._started, 1e-9)
-            line = (_fmt_step(step, self.total, epoch, loss, accuracy, cycles, utilization) + self.suffix
-                    + f"  ({rate:.2f} steps/s)")
+        if first or step % self.log_every == 0 or step == self.total:
+            rate = self.rate(step)
+            when = (f"  ({rate:.2f} steps/s)" if rate is not None else
+                    f"  (first step {now - self._started:.2f} s, with compile warm-up)")
+            line = (_fmt_step(step, self.total, epoch, loss, accuracy, cycles, utilization, step_utilization)
+                    + self.suffix + when)
             self._emit(line, show=self._bar is None)
 
     def close(self) -> None:
@@ -139,6 +164,15 @@ class Scalars:
             return
         for tag, value in values.items():
             self._writer.add_scalar(tag, float(value), step)
+
+    def add_image(self, step: int, tag: str, png: str | os.PathLike) -> None:
+        """Add a PNG picture (e.g. a heatmap) as an image at ``step``."""
+        if self._writer is None:
+            return
+        import matplotlib.image
+
+        pixels = matplotlib.image.imread(str(png))[..., :3]
+        self._writer.add_image(tag, pixels, step, dataformats="HWC")
 
     def close(self) -> None:
         if self._writer is not None:
@@ -200,7 +234,8 @@ class RunSummary:
         Mean simulated fabric cycles per training step (of one system; the
         SwarmX cycles of a run on several systems are in ``data["systems"]``).
     fmac_utilization : float
-        Mean FMAC utilization of the streamed GEMMs (as the runtime defines it).
+        Mean FMAC utilization of the streamed GEMMs (as the runtime defines it);
+        the whole step's is ``data["fabric"]["fmac_utilization_step"]``.
     wall_s : float
         Wall-clock seconds spent training, all invocations together.
     data : dict
@@ -229,12 +264,16 @@ class RunSummary:
             f"for {self.steps} steps ({self.data['epochs_completed']:.2f} epochs, batch {s['batch']}, "
             f"{self.data['optimizer']}), {state}",
             f"  fabric      : {s['mesh']} mesh, {s['backend']} backend, {self.cycles_per_step:,.0f} cycles/step, "
-            f"FMAC utilization {self.fmac_utilization:.3f}",
+            + (f"FMAC utilization: whole step {self.data['fabric']['fmac_utilization_step']:.3f}, "
+               if self.data["fabric"].get("fmac_utilization_step") else "FMAC utilization: ")
+            + f"streamed GEMMs {self.fmac_utilization:.3f}",
             f"  accuracy    : test {100 * self.test_accuracy:.2f}%  " + (
                 f"train {100 * self.train_accuracy:.2f}%" if self.train_accuracy is not None else
                 f"train (last epoch's batches) {100 * (self.data['train_running_accuracy'] or 0):.2f}%")
             + f"  (test loss {self.test_loss:.4f})",
-            f"  wall time   : {self.wall_s:.1f} s ({1000 * self.data['step_time_s']:.1f} ms/step)",
+            f"  wall time   : {self.wall_s:.1f} s ({1000 * self.data['step_time_s']:.1f} ms/step"
+            + (f", {self.data['steps_per_s_after_first']:.2f} steps/s after the first step"
+               if self.data.get("steps_per_s_after_first") else "") + ")",
             f"  summary     : {files['summary']}",
             f"  checkpoint  : {files['checkpoint']}",
         ]
@@ -252,6 +291,8 @@ class RunSummary:
                              f"{tiers['resident_bytes']:,} bytes in RAM and {tiers['disk_bytes']:,} on disk")
         if files.get("tensorboard"):
             lines.append(f"  tensorboard : tensorboard --logdir {files['tensorboard']}")
+        if files.get("pictures"):
+            lines.append(f"  pictures    : {files['pictures']} (first step; wse report {files['run']})")
         return "\n".join(lines)
 
 
@@ -316,17 +357,21 @@ def finish_run(p: "Prepared", trainer: dict, resumed_from: int | None, steps_bef
             "cycles_per_step": sum(cycles) / len(cycles) if cycles else 0.0,
             "cycles_per_step_min": min(cycles, default=0), "cycles_per_step_max": max(cycles, default=0),
             "fmac_utilization": (sum(hist["utilization"]) / len(hist["utilization"])) if cycles else 0.0,
+            "fmac_utilization_step": (sum(hist["step_utilization"]) / len(hist["step_utilization"]))
+            if hist.get("step_utilization") else None,
             "phases": trainer["phases"],
         },
         "systems": systems,
         "wall_s": wall,
         "step_time_s": step_s / ran if ran else 0.0,    # train_step + optimizer step, this invocation
+        "steps_per_s_after_first": trainer.get("steps_per_s_after_first"),
         "files": {
             "run": str(p.out), "summary": str(p.out / SUMMARY_NAME),
             "checkpoint": str(checkpoint) if checkpoint else None,
             "tensorboard": str(p.out / TENSORBOARD_DIR) if p.config.tensorboard else None,
             "log": str(p.out / LOG_NAME), "fabric": str(p.out / FABRIC_NAME),
             "executable": str(p.out / EXECUTABLE_NAME),
+            "pictures": str(p.out / PICTURES_DIR) if (p.out / PICTURES_DIR).is_dir() else None,
         },
     }
     write_json(p.out / SUMMARY_NAME, data)

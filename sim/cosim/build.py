@@ -22,7 +22,10 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from wse.config import FabricConfig, UsageError
@@ -73,8 +76,46 @@ def _locked(folder: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+class Heartbeat:
+    """Progress of a long build on stderr: a line when it starts, then one every
+    ``every`` seconds while it runs (with the time so far and, when known,
+    the time a build like it took), and one when it ends."""
+
+    def __init__(self, what: str, every: float = 10.0, expected_s: float | None = None, stream=None):
+        self.what, self.every, self.expected_s = what, every, expected_s
+        self.stream = stream if stream is not None else sys.stderr
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            spent = time.monotonic() - self._start
+            left = (f", about {max(self.expected_s - spent, 0):.0f} s left" if self.expected_s
+                    and spent < self.expected_s else "")
+            self._say(f"  ... {self.what}: {spent:.0f} s{left}")
+
+    def __enter__(self):
+        self._start = time.monotonic()
+        hint = f" (usually about {self.expected_s:.0f} s)" if self.expected_s else ""
+        self._say(f"{self.what}{hint}")
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self._stop.set()
+        self._thread.join()
+        if kind is None:
+            self._say(f"  {self.what}: done in {time.monotonic() - self._start:.0f} s")
+        return False
+
+
 def _run(command, cwd, env=None, what="build"):
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    with Heartbeat(what):
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip()[-3000:]
         raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, command[:3]))} ...\n{tail}")
@@ -113,6 +154,8 @@ def verilator_library(config: FabricConfig) -> Path:
         cached = root / index.read_text().strip() / _LIBRARY
         if cached.exists():
             return cached
+    print("building the verilator backend's library for this configuration (once; about a minute)",
+          file=sys.stderr, flush=True)
     blocks = block_verilog(config)
     control = verilator_config(blocks.values())
     harness = _HARNESS.read_text()
@@ -324,8 +367,9 @@ def cocotb_build(sim: str, config: FabricConfig, design: str = "mesh", waves: bo
                 (folder / name).write_text(text)
                 paths.append(folder / name)
             try:
-                runner.build(sources=paths, hdl_toplevel=toplevel, build_dir=folder, build_args=build_args,
-                             timescale=("1ns", "1ps"), waves=waves, always=True, log_file=folder / "build.log")
+                with Heartbeat(f"{sim} build of {toplevel} for a {config.mesh} mesh (once per design)"):
+                    runner.build(sources=paths, hdl_toplevel=toplevel, build_dir=folder, build_args=build_args,
+                                 timescale=("1ns", "1ps"), waves=waves, always=True, log_file=folder / "build.log")
             except (RuntimeError, SystemExit) as exc:
                 raise RuntimeError(f"{sim} build of {toplevel} failed ({exc}); see {folder / 'build.log'}") from None
             (folder / ".built").write_text("ok")

@@ -22,6 +22,7 @@ from wse.config import FabricConfig, Port
 
 from .decode import compile_program
 from .errors import FabricHang
+from .events import DEFAULT_MAX_EVENTS, Recorder
 from .hostargs import HostArgs, Rect, stream_words
 from .pe import PE
 from .router import Routers
@@ -54,6 +55,8 @@ class Fabric(HostArgs):
         self.cycle_limit = 0
         self.total_cycles = 0
         self._compiled_cache: dict[int, tuple] = {}
+        #: The :class:`~wse.sim.golden.events.Recorder` fed by :meth:`run`, or None.
+        self.recorder: Recorder | None = None
         if trace:
             for pe in self.pes:
                 pe.trace = []
@@ -182,6 +185,21 @@ class Fabric(HostArgs):
             if pe.trace is None:
                 pe.trace = []
 
+    def record(self, rect: Rect | None = None, queues=(), max_events: int = DEFAULT_MAX_EVENTS) -> Recorder:
+        """Record the events of the following runs (timelines, heatmaps; see
+        :mod:`wse.sim.golden.events`) and return the :class:`Recorder`.
+
+        ``rect`` limits the per-PE slices to a region, ``queues`` names the
+        ``(x, y)`` routers whose FIFO occupancy is recorded, ``max_events``
+        bounds the slices kept. Cycle counts and results do not change."""
+        self.recorder = Recorder(self, rect, queues, max_events)
+        return self.recorder
+
+    def stop_recording(self) -> Recorder | None:
+        """Stop recording; returns the recorder that was attached (or None)."""
+        recorder, self.recorder = self.recorder, None
+        return recorder
+
     # ------------------------------------------------------------------ simulation
     def schedule(self, pe: PE, time: int) -> None:
         """Step ``pe`` at cycle ``time`` (called by PEs)."""
@@ -211,6 +229,9 @@ class Fabric(HostArgs):
         for pe in pes:
             pe.reset_run_state()
             self.schedule(pe, 0)
+        rec = self.recorder
+        if rec is not None:
+            rec.begin_run()
         senders = {pe.index for pe in pes if pe.tx}  # PEs whose output queue holds wavelets
         t = 0
         heap, scheduled = self._heap, self._scheduled
@@ -234,6 +255,8 @@ class Fabric(HostArgs):
             routers.take_from_ramp(ramp_moves, senders)
             due_tx = self._apply_pe_queues(due_tx, senders)
             routers.retire()
+            if rec is not None:
+                rec.cycle(t, grants, injections)
             # Wake PEs whose wait may be over.
             for idx in pushed_rx:
                 self._wake(pes[idx], t + 1)
@@ -257,6 +280,8 @@ class Fabric(HostArgs):
         # Cycles 0 .. t-2 ran; cycle t-1 found every PE idle and nothing to move.
         t = max(t - 1, 0)
         self.cycle = t
+        if rec is not None:
+            rec.end_run(t)
         self.total_cycles += t
         for pe in pes:
             pe.wait = None

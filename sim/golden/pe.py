@@ -21,6 +21,7 @@ from wse.firmware.isa import DsdKind
 from wse import numerics as fp
 from .decode import ELEMENT, FMAC_OPS, K_EXIT, K_SCALAR, K_SEND, K_VECTOR, M32, VECTOR, compile_program
 from .errors import ProgramFault
+from .events import pe_stall_begin, pe_stall_end
 
 __all__ = ["PE", "compile_program"]
 
@@ -56,6 +57,7 @@ class PE:
         self.reset_run_state()
         self.counters = dict.fromkeys(("busy", "instructions", "fmac", "flops", "stall", "tasks"), 0)
         self.trace: list | None = None
+        self.rec: list | None = None   # events while a Recorder runs (wse.sim.golden.events)
 
     def reset_run_state(self) -> None:
         self.running = False
@@ -67,6 +69,7 @@ class PE:
         self.wait = None         # ("rx", color) / ("tx",) / ("idle",) while waiting for the fabric
         self.instr_start = None  # cycle the current fabric instruction started (for stalls)
         self.inflight_due = -1   # cycle at whose end a vector element is pushed to tx
+        self.stall_at = None     # (cycle, cause) of the stall in progress, while recording
 
     # Program -------------------------------------------------------------
     def load(self, program, compiled: list) -> None:
@@ -184,6 +187,8 @@ class PE:
                 if self.trace is not None:
                     self.trace.append(f"{time:8d} task {self.task} pc {pc:4d} exit")
                 counters["busy"] += time + 1 - self.task_start
+                if self.rec is not None:
+                    self.rec.append(("task", self.task_start, time + 1, self.task))
                 self.running, self.task = False, None
                 fab.schedule(self, time + 1)
                 return
@@ -192,6 +197,8 @@ class PE:
                 if self.trace is not None:
                     self.trace.append(f"{time:8d} task {self.task} pc {pc:4d} {self._disasm(pc)}")
                 n = self._vector_memory(payload, ins)
+                if self.rec is not None:
+                    self.rec.append(("vector", time, time + n + cycles, ins.name))
                 self.pc = pc + 1
                 time += n + cycles
                 continue
@@ -220,6 +227,8 @@ class PE:
         if kind == K_SEND:
             if len(self.tx) >= self.tx_depth:
                 self.wait = ("tx",)
+                if self.rec is not None:
+                    pe_stall_begin(self, t, self.wait)
                 return
             data = self.regs[f["ra"]]
             fab.tx_pushes.append((self, (data, color, 1 if ins.name == "sendc" else 0)))
@@ -229,6 +238,8 @@ class PE:
             queue = self.rx[color]
             if not queue:
                 self.wait = ("rx", color)
+                if self.rec is not None:
+                    pe_stall_begin(self, t, self.wait)
                 return
             data, ctrl = queue[0]
             fab.rx_pops.append((self, color))
@@ -238,6 +249,8 @@ class PE:
                 self.trace.append(f"{t:8d} recv  color {color} data {data:#010x} ctrl {ctrl}")
         self.counters["instructions"] += 1
         self.counters["stall"] += t - self.instr_start
+        if self.stall_at is not None:
+            pe_stall_end(self, t)
         self.instr_start = None
         self.pc += 1
         self.run(t + cycles, t)
@@ -420,7 +433,11 @@ class PE:
             color = srcs[1][1]
             if not self.rx[color]:
                 self.wait = ("rx", color)
+                if self.rec is not None:
+                    pe_stall_begin(self, t, self.wait)
                 return
+            if self.stall_at is not None:
+                pe_stall_end(self, t)
             weight = self.rx[color][0][0]
             fab.rx_pops.append((self, color))
             if self.trace is not None:
@@ -439,13 +456,19 @@ class PE:
         for s in srcs:
             if s[0] == DsdKind.FABIN and not self.rx[s[1]]:
                 self.wait = ("rx", s[1])
+                if self.rec is not None:
+                    pe_stall_begin(self, t, self.wait)
                 return
         to_fabric = dst is not None and dst[0] == DsdKind.FABOUT
         if to_fabric:
             inflight = 1 if self.inflight_due == t else 0
             if len(self.tx) + inflight >= self.tx_depth:
                 self.wait = ("tx",)
+                if self.rec is not None:
+                    pe_stall_begin(self, t, self.wait)
                 return
+        if self.stall_at is not None:
+            pe_stall_end(self, t)
         values = []
         for s in srcs:
             if s[0] == DsdKind.FABIN:
@@ -487,6 +510,8 @@ class PE:
             self.trace.append(f"{self.instr_start:8d} task {self.task} pc {self.pc:4d} {self._disasm(self.pc)}")
         end = last_write + 1
         self.counters["stall"] += end - self.instr_start - (n + ins.cycles)
+        if self.rec is not None:
+            self.rec.append(("vector", self.instr_start, end, ins.name))
         self.instr_start = None
         self.pc += 1
         self.run(end, now)
