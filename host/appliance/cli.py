@@ -7,10 +7,13 @@ Usage::
     torchrun --standalone --nproc-per-node 2 -m wse.cli train examples/fc_mnist.py --out runs/x ...
 
 Every mistake (bad option, bad job file, unsupported model, model that does
-not fit, a run folder that holds another run) is reported as one message on
-stderr with exit code 2, before anything is written; so is a SwarmX peer that
-is missing or stopped. Under ``torchrun`` only system 0 prints results, and
-errors that every system meets alike.
+not fit, a run folder that holds another run or that another run is writing)
+is reported as one message on stderr with exit code 2, before anything is
+written; so is a SwarmX peer that is missing or stopped, and so is a file
+system that fails the run (full, read-only, not writable): the message names
+the path and what it needs, and every checkpoint already written stays
+loadable. Under ``torchrun`` only system 0 prints results, and errors that
+every system meets alike.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wse.atomic import file_error
 from wse.config import UsageError
 
 from .job import DATASETS
@@ -32,7 +36,8 @@ DATASET ("mnist" or "digits"), OPTIMIZER (e.g. {"name": "sgd", "lr": 0.05, "mome
 BATCH and EPOCHS as defaults for the options above. See examples/fc_mnist.py.
 
 The run folder receives summary.json, train.log, fabric.txt (layout and schedule), executable.npz
-(the compiled model), tensorboard/ and checkpoints/.
+(the compiled model), tensorboard/ and checkpoints/; run.lock keeps a second run out while one writes it.
+After a crash, continue with --resume (from the latest complete checkpoint).
 
 Several systems (SwarmX, docs/swarmx.md): --systems N runs N systems in this process; under
 torchrun (torchrun --nproc-per-node N -m wse.cli train ...) every process is one system (gloo).
@@ -129,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         if not getattr(exc, "echo", False):
             print(f"wse train: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:             # a file system failing a path of the run (the log, TensorBoard, ...)
+        if exc.filename is None:
+            raise
+        print(f"wse train: {file_error(exc, 'write', exc.filename)}", file=sys.stderr)
         return 2
     if summary is not None:             # None: a system other than 0 under torchrun
         print(summary.describe())

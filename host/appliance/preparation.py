@@ -21,7 +21,7 @@ from wse.host.data import Batches
 from wse.host.memoryx import MemoryX
 
 from .checkpoint import latest_checkpoint, load_checkpoint
-from .folder import choose_run_folder, start_run_folder
+from .folder import RunLock, check_tier_space, choose_run_folder, start_run_folder
 from .job import Job, load_dataset, load_job
 from .options import Settings, TrainConfig, resolve_settings
 
@@ -59,6 +59,8 @@ class Prepared:
     memoryx: Any                # the whole MemoryX; while training, this system's (a ShardedMemoryX on N systems)
     batches: Batches
     trainer: dict | None        # the resumed checkpoint's trainer state
+    resumed: Path | None = None     # the checkpoint folder resumed from
+    lock: RunLock | None = None     # the run folder's lock while system 0 runs
 
     @property
     def steps_per_epoch(self) -> int:
@@ -75,8 +77,15 @@ class Prepared:
 
     def start_folder(self) -> None:
         """Create the run folder (replacing the run it holds with ``--overwrite``) and write the executable
-        there; system 0 does this once all systems are prepared."""
-        start_run_folder(self.out, self.executable, replace=self.replace_out)
+        there; system 0 does this once all systems are prepared. The folder stays locked until
+        :meth:`release_folder`."""
+        self.lock = start_run_folder(self.out, self.executable, replace=self.replace_out, resumed=self.resumed)
+
+    def release_folder(self) -> None:
+        """Unlock the run folder (at the end of the run, or when it stops)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def _fit_parameters(executable: Any, model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -120,7 +129,7 @@ def prepare(config: TrainConfig) -> Prepared:
     config.check()
     job = load_job(config.example)
     out, replace_out = choose_run_folder(config, job)
-    trainer, saved_memoryx, saved = None, None, None
+    trainer, saved_memoryx, saved, folder = None, None, None, None
     if config.resume:
         folder = latest_checkpoint(out) if out.is_dir() else None
         if folder is None:
@@ -146,11 +155,12 @@ def prepare(config: TrainConfig) -> Prepared:
                              f"{job.path.name} has {params}; the job file changed since the run started")
         memoryx = saved_memoryx
         batches = Batches.from_state(x_train, y_train, trainer["batches"])
+    check_tier_space(out, memoryx, config.budget_bytes, settings.systems)
     runtime = _open_runtime(executable, settings.backend)
     if settings.systems > 1:
         _check_systems(settings, executable, runtime)
     return Prepared(config, settings, job, out, replace_out, (x_train, y_train), (x_test, y_test), model,
-                    executable, runtime, memoryx, batches, trainer)
+                    executable, runtime, memoryx, batches, trainer, folder)
 
 
 def _check_systems(settings: Settings, executable: Any, runtime: Any) -> None:

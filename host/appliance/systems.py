@@ -41,7 +41,7 @@ from wse.host.swarmx import DEFAULT_JOIN_TIMEOUT, DEFAULT_TIMEOUT, init_gloo, ru
 
 from .checkpoint import latest_checkpoint
 from .engines import OneSystem, SwarmSystem
-from .folder import ELASTIC_NAME, SCRATCH_DIR
+from .folder import ELASTIC_NAME, SCRATCH_DIR, tier_disk_bytes
 from .loop import optimizer_threads, train_loop
 from .options import TrainConfig
 from .preparation import Prepared, prepare
@@ -130,19 +130,20 @@ def run_system(prepared: Prepared, stream=None, *, group=None, source: list | No
     """
     rank = 0 if group is None else group.rank
     if rank == 0:
-        prepared.start_folder()
-        if identity is not None:
-            write_json(prepared.out / ELASTIC_NAME, identity)
-    if group is not None:
-        group.barrier()                    # the run folder is ready before any system writes its disk tier
+        prepared.start_folder()            # locked until the run ends: prepared.release_folder() below
     budget = prepared.config.budget_bytes
     scratch = prepared.out / SCRATCH_DIR / f"system-{rank}" if budget is not None else None
     store = None
     try:
+        if rank == 0 and identity is not None:
+            write_json(prepared.out / ELASTIC_NAME, identity)
+        if group is not None:
+            group.barrier()                # the run folder is ready before any system writes its disk tier
+        whole = source[0] if source else prepared.memoryx
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)       # left by a killed run
             store = TieredStore(budget, scratch)
-        whole = source[0] if source else prepared.memoryx
+            store.reserve(tier_disk_bytes(whole, budget, group.size if group else 1, rank))
         if group is None:
             engine = OneSystem(prepared.runtime, whole.copy(store=store) if store is not None else whole,
                                prepared.executable, budget=budget)
@@ -164,6 +165,8 @@ def run_system(prepared: Prepared, stream=None, *, group=None, source: list | No
                 scratch.parent.rmdir()                       # the last system to finish removes the folder
             except OSError:
                 pass
+        if rank == 0:
+            prepared.release_folder()
 
 
 def _inprocess_system(group, prepared, source: list, batches_state: dict, trainer: dict | None, stream):

@@ -14,12 +14,12 @@ from .memoryx import NONFINITE_POLICIES, MemoryX, NonFiniteGradientError
 from .optim import OPTIMIZERS, OptimizerConfig, state_slots
 from .sharded import ShardedMemoryX, ShardMap
 from .store import InMemoryStore, TensorStore
-from .tiered import TIERS, TieredStore, parse_size
+from .tiered import TIERS, TieredStore, parse_size, planned_disk_bytes
 
 __all__ = [
     "MemoryX", "NonFiniteGradientError", "NONFINITE_POLICIES",
     "OptimizerConfig", "OPTIMIZERS", "state_slots",
-    "TensorStore", "InMemoryStore", "TieredStore", "TIERS", "parse_size",
+    "TensorStore", "InMemoryStore", "TieredStore", "TIERS", "parse_size", "planned_disk_bytes",
     "ShardedMemoryX", "ShardMap",
     "read_checkpoint", "write_checkpoint",
 ]

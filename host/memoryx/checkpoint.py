@@ -12,23 +12,32 @@ is then written the same way and renamed over ``memoryx.json``. That rename is
 the commit: before it, the folder still describes the previous checkpoint
 (whose tensors file is untouched); after it, the new one. Superseded tensors
 files are removed only after the commit. One writer per folder at a time.
+
+A checkpoint that does not fit (the file system is full, read-only, ...)
+is one :class:`~wse.config.UsageError` naming the folder and the bytes it
+needs; the temporaries are removed and the previous checkpoint stays. When
+the file system says up front that the bytes are not free, nothing is written.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import safetensors
 import safetensors.numpy
 
+from wse.atomic import file_error, free_bytes
 from wse.config import UsageError
 
-__all__ = ["MANIFEST_NAME", "write_checkpoint", "read_checkpoint"]
+__all__ = ["MANIFEST_NAME", "write_checkpoint", "read_checkpoint", "checkpoint_bytes"]
 
 MANIFEST_NAME = "memoryx.json"
 _TENSORS_GLOB = "tensors-*.safetensors"
@@ -40,6 +49,21 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def checkpoint_bytes(tensors: Mapping[str, np.ndarray]) -> int:
+    """About the bytes a checkpoint of ``tensors`` takes on disk (tensor data, headers and manifest)."""
+    return sum(int(np.asarray(t).nbytes) + 128 + len(name) for name, t in tensors.items()) + 4096
+
+
+def _as_os_error(exc: Exception) -> OSError:
+    """The ``OSError`` behind a safetensors error (which reports I/O failures as text)."""
+    if isinstance(exc, OSError):
+        return exc
+    text = str(exc)
+    match = re.search(r"(?:code: |os error )(\d+)", text)
+    code = int(match.group(1)) if match else errno.EIO
+    return OSError(code, os.strerror(code))
 
 
 def _fsync_file(path: Path) -> None:
@@ -88,11 +112,27 @@ def write_checkpoint(folder: str | os.PathLike, manifest: Mapping[str, Any],
     Raises
     ------
     UsageError
-        If ``folder`` exists and is not a folder.
+        If ``folder`` exists and is not a folder, or the checkpoint cannot be
+        written there (no space, read-only, ...): the message names the
+        folder and the bytes needed; the previous checkpoint stays intact.
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"checkpoint path {str(folder)!r} must be a folder, not a file")
+    need = checkpoint_bytes(tensors)
+    free = free_bytes(folder)
+    try:
+        if free is not None and free < need:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return _write(folder, manifest, tensors)
+    except (OSError, safetensors.SafetensorError) as exc:
+        cause = _as_os_error(exc)
+        error = file_error(cause, "write a checkpoint to", folder, need=need)
+        error.cause, error.need = cause, need      # for callers that name another folder
+        raise error from None
+
+
+def _write(folder: Path, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     name = f"tensors-{secrets.token_hex(8)}.safetensors"
     tensors_tmp = folder / f".{name}.tmp"

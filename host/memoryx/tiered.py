@@ -16,6 +16,13 @@ and :meth:`TieredStore.release` writes a tensor's pages back and drops them
 from this process (``msync``, then ``madvise(MADV_DONTNEED)``), so the disk
 tier's resident memory stays about one layer. The files are scratch space,
 not checkpoints: they are deleted with their tensors and by :meth:`TieredStore.close`.
+
+Disk space is never left to chance: every file is given its blocks when it is
+created (``posix_fallocate``), so writing through a mapping cannot meet a full
+disk (which would kill the process with ``SIGBUS``), and :meth:`TieredStore.reserve`
+sets aside, up front, the bytes a run will need (:func:`planned_disk_bytes`);
+tensors created later draw on that reservation. A disk that is too small is
+one :class:`~wse.config.UsageError` naming the folder and the bytes needed.
 """
 
 from __future__ import annotations
@@ -31,11 +38,15 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from wse.atomic import allocate, file_error
 from wse.config import UsageError
 
 from .store import TensorStore
 
-__all__ = ["TieredStore", "parse_size", "TIERS"]
+__all__ = ["TieredStore", "parse_size", "planned_disk_bytes", "TIERS"]
+
+#: The file holding a store's reserved, not yet used, disk space.
+RESERVE_NAME = "reserved.bin"
 
 #: Where a tensor of a :class:`TieredStore` lives.
 TIERS = ("memory", "disk")
@@ -70,6 +81,19 @@ def parse_size(text: str | int) -> int:
         raise UsageError(f"size must be a number of bytes with an optional unit such as 512MiB, 2GB or 64k, "
                          f"not {text!r}")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def planned_disk_bytes(sizes: Iterable[int], budget: int) -> int:
+    """Bytes a :class:`TieredStore` with ``budget`` puts on disk for tensors of ``sizes`` bytes, created in
+    that order (a tensor goes to RAM when it fits in what is left of the budget, else to disk)."""
+    resident = disk = 0
+    for size in sizes:
+        size = int(size)
+        if size == 0 or resident + size <= budget:
+            resident += size
+        else:
+            disk += size
+    return disk
 
 
 def _advise(array: np.ndarray, advice: int) -> None:
@@ -110,14 +134,18 @@ class TieredStore(TensorStore):
             self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         else:
             self.folder = Path(folder)
-            if self.folder.exists() and (not self.folder.is_dir() or any(self.folder.iterdir())):
-                raise UsageError(f"MemoryX disk tier folder {str(self.folder)!r} must be an empty folder")
-            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                if self.folder.exists() and (not self.folder.is_dir() or any(self.folder.iterdir())):
+                    raise UsageError(f"MemoryX disk tier folder {str(self.folder)!r} must be an empty folder")
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise file_error(exc, "create the MemoryX disk tier folder", self.folder) from None
             self._finalizer = None
         self._arrays: dict[str, np.ndarray] = {}
         self._files: dict[str, Path] = {}
         self._resident = 0
         self._counter = 0
+        self._reserved = 0          # bytes of RESERVE_NAME not yet drawn on
 
     # ------------------------------------------------------------ TensorStore
     def create(self, key: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
@@ -131,10 +159,68 @@ class TieredStore(TensorStore):
         else:
             path = self.folder / f"{self._counter}.bin"
             self._counter += 1
-            array = np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+            self._allocate(path, nbytes)
+            array = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
             self._files[key] = path
         self._arrays[key] = array
         return array
+
+    def _allocate(self, path: Path, nbytes: int) -> None:
+        """Create ``path`` with ``nbytes`` zero bytes on disk, drawing first on the reservation."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise file_error(exc, "create a file in the MemoryX disk tier folder", self.folder) from None
+        try:
+            if self._reserved:
+                self._shrink_reserve(max(0, self._reserved - nbytes))
+            allocate(fd, nbytes)
+        except OSError as exc:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise file_error(exc, "extend the MemoryX disk tier in", self.folder, need=nbytes) from None
+        os.close(fd)
+
+    def _shrink_reserve(self, nbytes: int) -> None:
+        path = self.folder / RESERVE_NAME
+        if nbytes == 0:
+            path.unlink(missing_ok=True)
+        else:
+            os.truncate(path, nbytes)
+        self._reserved = nbytes
+
+    def reserve(self, nbytes: int) -> None:
+        """Set aside ``nbytes`` of disk in the folder now, for the disk tensors created later.
+
+        Raises
+        ------
+        UsageError
+            When the folder's file system lacks the space (the message names
+            the folder, the bytes needed and the bytes free); nothing is
+            then left reserved.
+        """
+        nbytes = int(nbytes)
+        path = self.folder / RESERVE_NAME
+        if nbytes <= 0:
+            return
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise file_error(exc, "reserve space in the MemoryX disk tier folder", self.folder) from None
+        try:
+            allocate(fd, self._reserved + nbytes)
+            os.ftruncate(fd, self._reserved + nbytes)
+        except OSError as exc:
+            os.close(fd)
+            self._shrink_reserve(self._reserved)
+            raise file_error(exc, "reserve the MemoryX disk tier in", self.folder, need=nbytes) from None
+        os.close(fd)
+        self._reserved += nbytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Reserved disk bytes not yet taken by a tensor."""
+        return self._reserved
 
     def get(self, key: str) -> np.ndarray:
         return self._arrays[key]
@@ -188,8 +274,10 @@ class TieredStore(TensorStore):
                 _advise(array, mmap.MADV_DONTNEED)
 
     def close(self) -> None:
-        """Delete every tensor and, for a temporary folder, the folder itself."""
+        """Delete every tensor and the reservation and, for a temporary folder, the folder itself."""
         self.clear()
+        if self._reserved:
+            self._shrink_reserve(0)
         if self._finalizer is not None:
             self._finalizer()
 
