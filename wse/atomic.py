@@ -33,7 +33,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     """Open a temporary file beside ``path`` for writing; when the ``with``
     block ends normally the file is flushed, synced and renamed over ``path``.
     If the block raises, the temporary file is removed and ``path`` is left as
-    it was.
+    it was. The file gets the permissions of an ordinary new file (``0o666``
+    less the process's umask), not the private ``0o600`` of a temporary file.
 
     Parameters
     ----------
@@ -49,6 +50,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, encoding=(encoding or "utf-8") if mode == "w" else None) as out:
             yield out
             out.flush()
@@ -58,6 +60,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_input(path: str | os.PathLike) -> bytes:
