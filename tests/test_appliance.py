@@ -46,7 +46,7 @@ class StandInResult:
 class StandInExecutable:
     """Compiles through the real front end (so unsupported models fail as they would), computes with torch."""
 
-    def __init__(self, model, example_input, config, batch):
+    def __init__(self, model, example_input, config, batch, mode="auto", optimizer=None):
         self.graph = trace(model, example_input)
         self.config, self.batch, self.mode = config, batch, "weight_streaming"
         self.model = copy.deepcopy(model)

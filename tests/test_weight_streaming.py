@@ -213,8 +213,8 @@ def test_batch_and_colors_and_imem_fit_errors():
 
 
 def test_bad_arguments_are_usage_errors():
-    with pytest.raises(UsageError, match="mode must be one of .*pipelined mode is not implemented yet"):
-        compile_model(mlp(4, 2), torch.randn(2, 4), config=FabricConfig(), batch=2, mode="pipelined")
+    with pytest.raises(UsageError, match="mode must be one of pipelined, weight_streaming or 'auto', not 'bogus'"):
+        compile_model(mlp(4, 2), torch.randn(2, 4), config=FabricConfig(), batch=2, mode="bogus")
     with pytest.raises(UsageError, match="batch must be a positive integer"):
         compile_model(mlp(4, 2), torch.randn(2, 4), config=FabricConfig(), batch=0)
     with pytest.raises(UsageError, match="has no loss"):

@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), verilator "
                                        f"or icarus (the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
     run.add_argument("--mesh", metavar="WxH", help=f"fabric mesh (default {DEFAULT_MESH})")
+    run.add_argument("--mode", metavar="MODE", help="execution mode: auto (default: pipelined when the model, "
+                     "its optimizer state and the in-flight samples fit PE memory), pipelined, weight-streaming")
     run.add_argument("--systems", type=int, metavar="N",
                      help="systems sharing each batch (default 1; under torchrun: its process count)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
@@ -98,19 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="do not write TensorBoard event files")
     out.add_argument("--no-train-eval", dest="eval_train", action="store_false",
                      help="skip evaluating the final weights on the whole training split")
+    out.add_argument("--trace", metavar="FILE", help="write the Perfetto timeline of step 1 to FILE "
+                                                     "(--backend golden; default RUN/pictures/step1_trace.json)")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` that parsed ``wse train`` arguments describe."""
     return TrainConfig(
-        example=args.example, out=args.out, backend=args.backend, mesh=args.mesh, batch=args.batch,
+        example=args.example, out=args.out, backend=args.backend, mode=args.mode, mesh=args.mesh, batch=args.batch,
         epochs=args.epochs, max_steps=args.max_steps, optimizer=args.optimizer, lr=args.lr,
         momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed, dataset=args.dataset,
         mnist_dir=args.mnist_dir, resume=args.resume, overwrite=args.overwrite, systems=args.systems,
         memoryx_budget=args.memoryx_budget, swarmx_timeout=args.swarmx_timeout,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-        progress=args.progress, log_every=args.log_every, tensorboard=args.tensorboard, eval_train=args.eval_train)
+        progress=args.progress, log_every=args.log_every, tensorboard=args.tensorboard, eval_train=args.eval_train,
+        trace=args.trace)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,13 @@ once, over the :class:`Engine` calls; an engine hides how many systems share
 each step and how they talk:
 
 - :class:`OneSystem`: whole steps on one system (``Runtime.train_step`` with
-  the weights of a MemoryX, then the MemoryX optimizer step);
+  the weights of a MemoryX, then the MemoryX optimizer step); in the
+  layer-pipelined mode (a resident layout) the weights and the momentum
+  buffers live in PE memory and the optimizer runs on the PEs: MemoryX's
+  state is written to the fabric once, and read back from it
+  (``Runtime.read_state``) into MemoryX whenever the loop needs the weights
+  (evaluation) or saves a checkpoint, so checkpoints and ``--resume`` work
+  as in weight streaming;
 - :class:`SwarmSystem`: one system's share of a data-parallel step
   (:class:`~wse.host.swarmx.DataParallel`: weights broadcast from the MemoryX
   shards, ``Runtime.train_shard`` on the system's token columns, gradients
@@ -129,11 +135,35 @@ class OneSystem:
 
     def __init__(self, runtime, memoryx: MemoryX, executable, *, budget: int | None = None):
         self.runtime, self.memoryx, self.budget = runtime, memoryx, budget
-        self.links, self.swarmx = _swarmx_cycles(executable, 1) or (None, None)
+        self.resident = bool(getattr(runtime, "resident", False))
+        self.links, self.swarmx = (None, None) if self.resident else (_swarmx_cycles(executable, 1) or (None, None))
+        self._unsynced = 0          # resident: steps taken on the fabric since MemoryX was last refreshed
+        if self.resident:
+            mx = memoryx
+            buffers = {name: mx.optimizer_state(name)["momentum_buffer"] for name in mx.names()
+                       if "momentum_buffer" in mx.optimizer_state(name)}
+            runtime.write_state({name: mx.weight(name) for name in mx.names()}, buffers, steps=mx.step_count)
+
+    def _sync(self) -> None:
+        """Resident: copy the parameters and momentum buffers back from the fabric into MemoryX."""
+        if not self.resident or not self._unsynced:
+            return
+        params, buffers = self.runtime.read_state()
+        mx = self.memoryx
+        mx.load_state_dict(params)
+        for name, value in buffers.items():
+            mx.set_optimizer_state(name, "momentum_buffer", value)
+        mx.step_count += self._unsynced
+        self._unsynced = 0
 
     def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
         """Train on the batch and apply the optimizer step."""
         mx = self.memoryx
+        if self.resident:           # the update runs on the PEs
+            result = self.runtime.train_step(x, y)
+            self._unsynced += 1
+            return StepReport(float(result.loss), int(result.correct), int(result.cycles),
+                              float(result.fmac_utilization), {k: int(v) for k, v in dict(result.phases).items()})
         weights = dict(mx.stream_weights()) if self.budget is not None else \
             {name: mx.weight(name) for name in mx.names()}
         result = self.runtime.train_step(x, y, weights)
@@ -147,10 +177,12 @@ class OneSystem:
 
     def weights(self) -> dict[str, np.ndarray]:
         """The whole weights, for evaluation."""
+        self._sync()
         return {name: self.memoryx.weight(name) for name in self.memoryx.names()}
 
     def save(self, write: Callable[[MemoryX], Path]) -> Path:
         """``write(memoryx)``: a checkpoint of the whole MemoryX."""
+        self._sync()
         return write(self.memoryx)
 
     def memoryx_report(self) -> dict | None:

@@ -21,10 +21,22 @@ from wse.host.memoryx import OptimizerConfig, parse_size
 
 from .job import DATASETS, Job
 
-__all__ = ["TrainConfig", "Settings", "resolve_settings", "PROGRESS_MODES", "DEFAULT_MESH", "DEFAULT_BACKEND"]
+__all__ = ["TrainConfig", "Settings", "resolve_settings", "PROGRESS_MODES", "DEFAULT_MESH", "DEFAULT_BACKEND",
+           "MODES", "compiler_mode"]
 
 DEFAULT_MESH = "16x16"
 DEFAULT_BACKEND = "functional"
+#: Execution modes of ``--mode`` (``auto``: the compiler's choice, ``docs/layer_pipelined.md``).
+MODES = ("auto", "pipelined", "weight-streaming")
+#: The mode runs recorded before ``--mode`` existed trained in.
+_LEGACY_MODE = "weight-streaming"
+
+
+def compiler_mode(mode: str) -> str:
+    """The compiler's name of a ``--mode`` value (``weight-streaming`` -> ``weight_streaming``)."""
+    return mode.replace("-", "_")
+
+
 #: How progress is shown: a tqdm bar, log lines, nothing, or a bar on a terminal and lines elsewhere.
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
@@ -43,6 +55,10 @@ class TrainConfig:
         is off).
     backend : str, optional
         Runtime backend: ``"functional"`` (default) or ``"golden"``.
+    mode : {"auto", "pipelined", "weight-streaming"}, optional
+        Execution mode; default ``auto``: layer-pipelined when the weights,
+        the optimizer state and the in-flight activations fit PE memory,
+        weight streaming otherwise.
     mesh : str, optional
         Fabric mesh ``"WxH"``; default ``"16x16"``.
     batch, epochs : int, optional
@@ -96,11 +112,15 @@ class TrainConfig:
     eval_train : bool
         Evaluate the final weights on the whole training split too (one
         forward pass over it; turn off for slow backends).
+    trace : path, optional
+        Write the Perfetto timeline of step 1 here (``--backend golden``
+        only: the other backends record no per-PE events).
     """
 
     example: str | os.PathLike
     out: str | os.PathLike | None = None
     backend: str | None = None
+    mode: str | None = None
     mesh: str | None = None
     batch: int | None = None
     epochs: int | None = None
@@ -123,6 +143,7 @@ class TrainConfig:
     log_every: int | None = None
     tensorboard: bool = True
     eval_train: bool = True
+    trace: str | os.PathLike | None = None
 
     def check(self) -> None:
         """Check each field on its own; raises :class:`UsageError` naming the option."""
@@ -156,12 +177,27 @@ class TrainConfig:
             parse_mesh(self.mesh)
         if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
             raise UsageError(f"--backend must be a backend name such as functional or golden, not {self.backend!r}")
+        if self.mode is not None and self.mode not in MODES:
+            raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.progress not in PROGRESS_MODES:
             raise UsageError(f"progress must be one of {', '.join(PROGRESS_MODES)}, not {self.progress!r}")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite exclude each other: continue the run or replace it")
         if self.mnist_dir is not None and not Path(self.mnist_dir).is_dir():
             raise UsageError(f"--mnist-dir {str(self.mnist_dir)!r} must be a folder of MNIST IDX files")
+        if self.trace is not None:
+            self._check_trace()
+
+    def _check_trace(self) -> None:
+        """``--trace FILE``: a fresh run on the golden backend, and a file name in an existing folder."""
+        trace = Path(self.trace)
+        if self.backend != "golden":
+            raise UsageError(f"--trace needs --backend golden: the {self.backend or DEFAULT_BACKEND} backend "
+                             "records no per-PE events (wse trace records one phase of a step)")
+        if self.resume:
+            raise UsageError("--trace records step 1 of a fresh run; a resumed run has taken it already")
+        if trace.is_dir() or not trace.parent.is_dir():
+            raise UsageError(f"--trace {str(trace)!r} must be a file name in an existing folder")
 
     @property
     def budget_bytes(self) -> int | None:
@@ -191,6 +227,8 @@ class Settings:
     batch, epochs, seed : int
     systems : int
         Systems of the invocation that wrote the settings (it may change on resume).
+    mode : str
+        The ``--mode`` asked for (``auto`` is resolved by the compiler, the same way on resume).
     max_steps : int or None
     optimizer : dict
         :meth:`OptimizerConfig.to_dict` form.
@@ -208,6 +246,7 @@ class Settings:
     optimizer: dict
     seed: int
     systems: int
+    mode: str = _LEGACY_MODE
 
     #: Fields a resumed run may change: they do not alter any step already taken, nor the bits of
     #: the steps to come (N systems compute one system's bits, ``docs/swarmx.md``).
@@ -219,6 +258,8 @@ class Settings:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Settings":
         names = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(data, Mapping) and "mode" not in data:      # recorded before --mode: weight streaming
+            data = {**data, "mode": _LEGACY_MODE}
         if not isinstance(data, Mapping) or set(data) != names:
             raise UsageError(f"run settings must have the keys {sorted(names)}, not {data!r}")
         return cls(**data)
@@ -268,12 +309,14 @@ def resolve_settings(config: TrainConfig, job: Job, saved: Settings | None = Non
             mesh="x".join(map(str, parse_mesh(config.mesh or DEFAULT_MESH))),
             batch=config.batch or job.batch, epochs=config.epochs or job.epochs,
             max_steps=config.max_steps, optimizer=_optimizer(job.optimizer, config).to_dict(),
-            seed=0 if config.seed is None else int(config.seed), systems=config.systems or 1)
+            seed=0 if config.seed is None else int(config.seed), systems=config.systems or 1,
+            mode=config.mode or "auto")
     given = {
         "dataset": config.dataset, "mnist_dir": mnist_dir,
         "mesh": "x".join(map(str, parse_mesh(config.mesh))) if config.mesh else None,
         "batch": config.batch, "seed": config.seed,
         "optimizer": _optimizer(saved.optimizer, config).to_dict(),
+        "mode": None if config.mode == "auto" else config.mode,     # the run's mode is the one auto chose
     }
     for name, value in given.items():
         if value is not None and value != getattr(saved, name):

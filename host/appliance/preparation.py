@@ -1,8 +1,9 @@
 """The first stage of a run: read and check everything, write nothing (:func:`prepare`).
 
 :func:`prepare` resolves the options, imports the job file, loads the data,
-compiles the model for weight streaming, opens the runtime and loads the
-checkpoint to resume; any problem raises :class:`~wse.config.UsageError`
+compiles the model in the execution mode of ``--mode`` (``auto``: the
+compiler's choice, layer-pipelined when the model fits PE memory), opens the
+runtime and loads the checkpoint to resume; any problem raises :class:`~wse.config.UsageError`
 before the run folder is touched. The result, a :class:`Prepared` run, is
 what the training loop (:func:`wse.host.appliance.loop.train_loop`) runs.
 """
@@ -23,17 +24,25 @@ from wse.host.memoryx import MemoryX
 from .checkpoint import latest_checkpoint, load_checkpoint
 from .folder import RunLock, check_tier_space, choose_run_folder, start_run_folder
 from .job import Job, load_dataset, load_job
-from .options import Settings, TrainConfig, resolve_settings
+from .options import Settings, TrainConfig, compiler_mode, resolve_settings
 
 __all__ = ["Prepared", "prepare", "load_run"]
 
 
-def _compile(model: torch.nn.Module, example_input: torch.Tensor, fabric: FabricConfig, batch: int):
-    """Compile ``model`` for weight-streaming training (the compiler is imported when first needed)."""
+def _compile(model: torch.nn.Module, example_input: torch.Tensor, fabric: FabricConfig, batch: int, *,
+             mode: str = "auto", optimizer=None):
+    """Compile ``model`` for training in ``mode`` (a ``--mode`` value), with ``optimizer`` on the PEs
+    in the layer-pipelined mode (the compiler is imported when first needed)."""
     from wse.host.compiler import compile_model
 
-    return compile_model(model, example_input, config=fabric, batch=batch, mode="weight_streaming",
-                         loss="cross_entropy")
+    return compile_model(model, example_input, config=fabric, batch=batch, mode=compiler_mode(mode),
+                         loss="cross_entropy", optimizer=optimizer)
+
+
+def plan_text(executable: Any, settings: Settings) -> str:
+    """The plan a person reads: the mode asked for and chosen, why, and the layout and memory per PE."""
+    head = f"mode: {executable.mode}"
+    return "\n".join([head] + executable.summary().splitlines()) + "\n"
 
 
 def _open_runtime(executable: Any, backend: str):
@@ -80,6 +89,9 @@ class Prepared:
         there; system 0 does this once all systems are prepared. The folder stays locked until
         :meth:`release_folder`."""
         self.lock = start_run_folder(self.out, self.executable, replace=self.replace_out, resumed=self.resumed)
+        if getattr(self.executable, "mode", None) == "pipelined":
+            from .placement import write_plan
+            write_plan(self.out, self.executable, plan_text(self.executable, self.settings))
 
     def release_folder(self) -> None:
         """Unlock the run folder (at the end of the run, or when it stops)."""
@@ -141,7 +153,20 @@ def prepare(config: TrainConfig) -> Prepared:
     (x_train, y_train), (x_test, y_test), model = load_run(job, settings)
     width, height = settings.mesh_shape
     fabric = FabricConfig(width=width, height=height)
-    executable = _compile(model, torch.from_numpy(x_train[:settings.batch].copy()), fabric, settings.batch)
+    if settings.systems > 1 and settings.mode == "pipelined":
+        raise UsageError(f"--systems {settings.systems} with --mode pipelined: the layer-pipelined mode keeps "
+                         "the weights on one fabric and trains on one system; use --systems 1 or "
+                         "--mode weight-streaming")
+    mode = settings.mode
+    if mode == "auto" and settings.systems > 1:     # the layer-pipelined mode trains on one system
+        mode = "weight-streaming"
+    executable = _compile(model, torch.from_numpy(x_train[:settings.batch].copy()), fabric, settings.batch,
+                          mode=mode, optimizer=settings.optimizer_config)
+    # the mode auto chose is the run's: a resumed run keeps it whatever its --systems
+    settings = dataclasses.replace(settings, mode=executable.mode.replace("_", "-"))
+    if settings.systems > 1 and settings.mode == "pipelined":
+        raise UsageError(f"--systems {settings.systems}: this run trains in the layer-pipelined mode, which "
+                         "keeps the weights on one fabric; resume it with --systems 1")
     params = _fit_parameters(executable, model)
     if saved_memoryx is None:
         state = model.state_dict()

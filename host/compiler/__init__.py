@@ -1,8 +1,8 @@
 """The compiler: PyTorch front end, the layer IR, mappers and code generation.
 
 :func:`trace` turns an ``nn.Module`` into a :class:`Graph` of layers;
-:func:`compile_model` traces, maps (weight streaming now, layer pipelining
-beside it later: :mod:`.mapper`) and generates an :class:`Executable` that
+:func:`compile_model` traces, maps (weight streaming or layer pipelining,
+or ``"auto"``: :mod:`.mapper`) and generates an :class:`Executable` that
 :mod:`wse.host.runtime` runs: typed phases (:class:`Phase`, its
 :class:`StreamIn`/:class:`StreamOut` and :class:`MathOp` entries) and the
 mode's :class:`Layout`. The IR and the executable's types import without
@@ -15,7 +15,7 @@ from typing import Any
 
 from .ir import (IR_FORMAT, IR_VERSION, Flatten, Graph, Input, Layer, Linear, ReLU, Shape,
                  SoftmaxCrossEntropy, format_shape)
-from .layouts import LAYOUTS, Layout, WeightStreamingLayout, register_layout
+from .layouts import LAYOUTS, Layout, PipelinedLayout, WeightStreamingLayout, register_layout
 from .schedule import (MathOp, Phase, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, StreamIn, StreamOut,
                        WeightGradient)
 
@@ -24,12 +24,13 @@ _FRONTEND_NAMES = ("trace", "UnsupportedModelError", "UntraceableModelError", "M
 _LAZY = {
     "compile_model": "mapper", "compile_graph": "mapper", "choose_mode": "mapper", "MAPPERS": "mapper",
     "Mapper": "mapper", "register_mapper": "mapper", "Executable": "executable", "FitError": "weight_streaming",
+    "PipelinedMapper": "mapper",
 }
 
 __all__ = ["IR_FORMAT", "IR_VERSION", "Flatten", "Graph", "Input", "Layer", "Linear", "ReLU",
            "Shape", "SoftmaxCrossEntropy", "format_shape", "Phase", "StreamIn", "StreamOut", "MathOp", "Sgemm",
            "SgemmTransposed", "Relu", "ReluMask", "SoftmaxDelta", "WeightGradient", "Layout",
-           "WeightStreamingLayout", "LAYOUTS", "register_layout", *_FRONTEND_NAMES, *_LAZY]
+           "WeightStreamingLayout", "PipelinedLayout", "LAYOUTS", "register_layout", *_FRONTEND_NAMES, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,10 @@ to its class, which :meth:`Layout.for_mode` finds when an executable loads.
 
 * :class:`WeightStreamingLayout` (``weight_streaming``): tokens dealt to the
   mesh columns in contiguous blocks, features dealt to rows cyclically.
-* The layer-pipelined mode will register its own class here.
+* :class:`PipelinedLayout` (``pipelined``): every Linear layer on its own
+  region of PEs, weights resident (``docs/layer_pipelined.md``); a
+  *resident* layout (:attr:`Layout.resident`): the parameters and optimizer
+  state live in PE memory between steps and the optimizer runs on the PEs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, ClassVar, Mapping
 
 from wse.config import UsageError
 
-__all__ = ["Layout", "WSLayer", "WeightStreamingLayout", "LAYOUTS", "register_layout"]
+__all__ = ["Layout", "WSLayer", "WeightStreamingLayout", "PipelinedLayout", "LAYOUTS", "register_layout"]
 
 
 class Layout(abc.ABC):
@@ -40,6 +43,10 @@ class Layout(abc.ABC):
     host_inputs: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: The transfer the host copies the logits out through.
     host_output: ClassVar[str] = "logits"
+    #: Whether the parameters (and optimizer state) stay in PE memory between steps and the
+    #: optimizer runs on the PEs: then a step returns no gradients (the runtime's
+    #: ``write_state``/``read_state`` move the state), else the weights come in every step.
+    resident: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -165,8 +172,78 @@ class WeightStreamingLayout(Layout):
                    data["columns"], tuple(data["tokens"]), tuple(data["token_start"]))
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelinedLayout(Layout):
+    """The layer-pipelined layout (``docs/layer_pipelined.md``).
+
+    Members
+    -------
+    layers:
+        The Linear layers in order, with their ReLU flags.
+    regions:
+        Per layer, the fields of its :class:`~.pipelined_place.Region`
+        (``layer, x0, y0, cols, rows, inputs_on_columns, k, o``).
+    in_flight:
+        Samples per pass: a step of ``n`` samples runs ``ceil(n / in_flight)``
+        forward and backward passes, then the update once.
+    optimizer:
+        ``{"name": ..., "hyper": {...}}``: the optimizer the PEs run (None: the
+        executable only evaluates).
+    reason:
+        Why this mode was chosen (for the plan a person reads).
+    """
+
+    mode: ClassVar[str] = "pipelined"
+    gemm_groups: ClassVar[tuple[str, ...]] = ("forward", "backward")
+    host_inputs: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    host_output: ClassVar[str] = "ys"
+    resident: ClassVar[bool] = True
+
+    layers: tuple[WSLayer, ...]
+    regions: tuple[tuple, ...]
+    in_flight: int
+    optimizer: Mapping[str, Any] | None
+    reason: str = ""
+
+    @property
+    def logits(self) -> str:
+        return "ys"
+
+    @property
+    def feature_rows(self) -> int:
+        return 1
+
+    def token_blocks(self) -> list[range]:
+        # Samples enter one after the other at the first region: one block of a pass.
+        return [range(0, self.in_flight)]
+
+    def describe(self) -> list[str]:
+        lines = [f"layer-pipelined: {self.in_flight} samples in flight per pass; weights"
+                 f"{' and optimizer state' if self.optimizer else ''} resident in PE memory"]
+        for layer, (_, x0, y0, cols, rows, on_columns, k, o) in zip(self.layers, self.regions):
+            n_in, n_out = (cols, rows) if on_columns else (rows, cols)
+            tile = -(-k // n_in) * -(-o // n_out)
+            lines.append(f"  {layer.name} {k}->{o}: columns {x0}-{x0 + cols - 1}, rows {y0}-{y0 + rows - 1} "
+                         f"({rows * cols} PEs), largest tile {tile} multiply-adds per sample")
+        if self.reason:
+            lines.append(f"  why: {self.reason}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": [dataclasses.asdict(layer) for layer in self.layers],
+                "regions": [list(region) for region in self.regions], "in_flight": self.in_flight,
+                "optimizer": None if self.optimizer is None else dict(self.optimizer), "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PipelinedLayout":
+        return cls(tuple(WSLayer(**layer) for layer in data["layers"]),
+                   tuple(tuple(region) for region in data["regions"]), int(data["in_flight"]),
+                   data["optimizer"], str(data.get("reason", "")))
+
+
 #: Execution mode -> its layout class.
-LAYOUTS: dict[str, type[Layout]] = {WeightStreamingLayout.mode: WeightStreamingLayout}
+LAYOUTS: dict[str, type[Layout]] = {WeightStreamingLayout.mode: WeightStreamingLayout,
+                                    PipelinedLayout.mode: PipelinedLayout}
 
 
 def register_layout(cls: type[Layout]) -> None:

@@ -3,16 +3,15 @@
 A :class:`Mapper` turns a :class:`~wse.host.compiler.ir.Graph` into an
 :class:`~wse.host.compiler.executable.Executable` for one execution mode. The
 modes sit side by side in :data:`MAPPERS`; :func:`compile_model` picks one by
-name, and :func:`choose_mode` is where an automatic choice between them
-belongs (weight streaming is the only mode so far, so it always wins).
+name, and :func:`choose_mode` chooses between them (``"auto"``).
 
 * ``weight_streaming`` (:mod:`.weight_streaming`): activations stay on the
   wafer, weights stream in layer by layer, gradients stream out to MemoryX.
-* ``pipelined`` (to come): all weights resident, samples streaming through.
-  It will register a mapper here with its own plan and its own layout
-  (:func:`~.layouts.register_layout`); the executable format, the runtime and
-  the backends are mode-agnostic (they read a layout only through
-  :class:`~.layouts.Layout`).
+* ``pipelined`` (:mod:`.pipelined`, :mod:`.pipelined_codegen`): all weights
+  resident, every layer on its own region, samples streaming through, the
+  optimizer on the PEs (``docs/layer_pipelined.md``). It has its own layout
+  (:class:`~.layouts.PipelinedLayout`); the executable format, the runtime and
+  the backends read a layout only through :class:`~.layouts.Layout`.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from wse.config import FabricConfig, UsageError
 from .executable import Executable
 from .ir import Graph
 
-__all__ = ["Mapper", "WeightStreamingMapper", "MAPPERS", "register_mapper", "choose_mode", "compile_graph",
+__all__ = ["Mapper", "WeightStreamingMapper", "PipelinedMapper", "MAPPERS", "register_mapper", "choose_mode", "compile_graph",
            "compile_model"]
 
 
@@ -40,13 +39,14 @@ class Mapper(abc.ABC):
     mode: str = ""
 
     @abc.abstractmethod
-    def fits(self, graph: Graph, config: FabricConfig, batch: int) -> str | None:
-        """``None`` if the model and batch fit the fabric in this mode, else the
+    def fits(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> str | None:
+        """``None`` if the model and batch (with ``optimizer``'s state where the
+        mode keeps it on the fabric) fit the fabric in this mode, else the
         reason (one sentence stating what is needed and what is available)."""
 
     @abc.abstractmethod
-    def compile(self, graph: Graph, config: FabricConfig, batch: int) -> Executable:
-        """Map ``graph`` and generate its executable.
+    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "") -> Executable:
+        """Map ``graph`` and generate its executable (``reason``: why the mode was chosen).
 
         Raises
         ------
@@ -61,7 +61,7 @@ class WeightStreamingMapper(Mapper):
 
     mode = "weight_streaming"
 
-    def fits(self, graph: Graph, config: FabricConfig, batch: int) -> str | None:
+    def fits(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> str | None:
         from .weight_streaming import FitError, plan
         try:
             plan(graph, config, batch)
@@ -69,14 +69,39 @@ class WeightStreamingMapper(Mapper):
             return str(exc)
         return None
 
-    def compile(self, graph: Graph, config: FabricConfig, batch: int) -> Executable:
+    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "") -> Executable:
         from .codegen import generate
         from .weight_streaming import plan
         return generate(plan(graph, config, batch))
 
 
-#: Mode name -> mapper.
-MAPPERS: dict[str, Mapper] = {"weight_streaming": WeightStreamingMapper()}
+class PipelinedMapper(Mapper):
+    """The layer-pipelined mode (``docs/layer_pipelined.md``): the optimizer runs
+    on the PEs, so it is part of the plan (None: an executable that only evaluates)."""
+
+    mode = "pipelined"
+
+    def fits(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> str | None:
+        from .pipelined_codegen import samples_in_flight
+        from .weight_streaming import FitError
+        try:
+            samples_in_flight(graph, config, batch, optimizer)
+        except FitError as exc:
+            return str(exc)
+        except UsageError as exc:       # an optimizer the PEs do not run
+            return str(exc)
+        return None
+
+    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "") -> Executable:
+        from .pipelined import plan
+        from .pipelined_codegen import OnChipOptimizer, generate, samples_in_flight
+        optimizer = OnChipOptimizer.of(optimizer)
+        in_flight = samples_in_flight(graph, config, batch, optimizer)
+        return generate(plan(graph, config, in_flight, optimizer), batch, reason)
+
+
+#: Mode name -> mapper, in the order :func:`choose_mode` tries them.
+MAPPERS: dict[str, Mapper] = {"pipelined": PipelinedMapper(), "weight_streaming": WeightStreamingMapper()}
 
 
 def register_mapper(mapper: Mapper) -> None:
@@ -86,8 +111,10 @@ def register_mapper(mapper: Mapper) -> None:
     MAPPERS[mapper.mode] = mapper
 
 
-def choose_mode(graph: Graph, config: FabricConfig, batch: int) -> str:
-    """The execution mode for ``graph``: the first registered mode it fits.
+def choose_mode(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> tuple[str, str]:
+    """``(mode, why)``: the first mode of :data:`MAPPERS` that ``graph`` fits:
+    layer-pipelined when the weights, the optimizer state and at least one
+    sample in flight fit PE memory, else weight streaming.
 
     Raises
     ------
@@ -96,14 +123,18 @@ def choose_mode(graph: Graph, config: FabricConfig, batch: int) -> str:
     """
     reasons = []
     for mode, mapper in MAPPERS.items():
-        reason = mapper.fits(graph, config, batch)
+        reason = mapper.fits(graph, config, batch, optimizer)
         if reason is None:
-            return mode
+            why = (f"the weights{', the optimizer state' if optimizer is not None else ''} and the in-flight "
+                   f"activations fit PE memory on the {config.mesh} mesh" if mode == "pipelined" else
+                   "; ".join(reasons))
+            return mode, why
         reasons.append(f"{mode}: {reason}")
     raise UsageError(f"model {graph.name} fits no execution mode: " + "; ".join(reasons))
 
 
-def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str = "weight_streaming") -> Executable:
+def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str = "weight_streaming",
+                  optimizer=None) -> Executable:
     """Compile a layer graph (with its loss) into an executable.
 
     Parameters
@@ -116,6 +147,9 @@ def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str =
         Samples per training step.
     mode:
         A key of :data:`MAPPERS`, or ``"auto"`` for :func:`choose_mode`.
+    optimizer:
+        An ``OptimizerConfig``: the optimizer the PEs run in the pipelined mode
+        (ignored by weight streaming, whose optimizer runs in MemoryX).
 
     Raises
     ------
@@ -125,18 +159,18 @@ def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str =
     """
     if not isinstance(config, FabricConfig):
         raise UsageError(f"config must be a FabricConfig, not {type(config).__name__}")
+    reason = f"{mode} was asked for"
     if mode == "auto":
-        mode = choose_mode(graph, config, batch)
+        mode, reason = choose_mode(graph, config, batch, optimizer)
     mapper = MAPPERS.get(mode) if isinstance(mode, str) else None
     if mapper is None:
         known = ", ".join(sorted(MAPPERS))
-        raise UsageError(f"mode must be one of {known} or 'auto', not {mode!r}"
-                         + ("; the layer-pipelined mode is not implemented yet" if mode == "pipelined" else ""))
-    return mapper.compile(graph, config, batch)
+        raise UsageError(f"mode must be one of {known} or 'auto', not {mode!r}")
+    return mapper.compile(graph, config, batch, optimizer, reason)
 
 
 def compile_model(model, example_input, *, config: FabricConfig, batch: int, mode: str = "weight_streaming",
-                  loss="cross_entropy") -> Executable:
+                  loss="cross_entropy", optimizer=None) -> Executable:
     """Compile a PyTorch model for training on the fabric.
 
     Parameters
@@ -150,9 +184,12 @@ def compile_model(model, example_input, *, config: FabricConfig, batch: int, mod
     batch:
         Samples per training step (the executable's batch; smaller batches are padded).
     mode:
-        ``"weight_streaming"`` (``"pipelined"`` later) or ``"auto"``.
+        ``"weight_streaming"``, ``"pipelined"`` or ``"auto"``.
     loss:
         ``"cross_entropy"`` (or ``nn.CrossEntropyLoss()`` / ``F.cross_entropy``).
+    optimizer:
+        The ``OptimizerConfig`` the PEs run in the pipelined mode (None: an
+        executable that only evaluates); weight streaming ignores it.
 
     Raises
     ------
@@ -163,4 +200,4 @@ def compile_model(model, example_input, *, config: FabricConfig, batch: int, mod
     """
     from .frontend import trace
     graph = trace(model, example_input, loss=loss)
-    return compile_graph(graph, config=config, batch=batch, mode=mode)
+    return compile_graph(graph, config=config, batch=batch, mode=mode, optimizer=optimizer)

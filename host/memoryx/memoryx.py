@@ -306,6 +306,27 @@ class MemoryX:
         twin.step_count, twin.skipped_steps = self.step_count, self.skipped_steps
         return twin
 
+    def set_optimizer_state(self, name: str, slot: str, value: np.ndarray) -> None:
+        """Set optimizer-state tensor ``slot`` of ``name`` (created if absent) to ``value``:
+        state the optimizer ran elsewhere (the layer-pipelined mode's PEs) adopted by MemoryX.
+
+        Raises
+        ------
+        UsageError
+            For an unknown name, a slot the optimizer does not keep, or a value of another shape.
+        """
+        self._need(name)
+        if slot not in state_slots(self._config):
+            raise UsageError(f"optimizer {self._config.name} keeps no state {slot!r}")
+        value = _as_float32(value, f"optimizer state {name}{_SLOT_SEP}{slot}")
+        if value.shape != self.shape(name):
+            raise UsageError(f"optimizer state {name}{_SLOT_SEP}{slot} has shape {value.shape}, "
+                             f"expected {self.shape(name)}")
+        if slot in self._slots[name]:
+            self._store.get(name + _SLOT_SEP + slot)[...] = value
+        else:
+            self._set_slot(name, slot, value)
+
     def _set_slot(self, name: str, slot: str, value: np.ndarray) -> None:
         """Create optimizer-state tensor ``slot`` of ``name`` in the store, holding ``value``."""
         state = self._optimizer.state[self._params[name]]

@@ -19,6 +19,12 @@ Batches smaller than the executable's batch (the last batch of an epoch) are
 padded with zeros; the padded samples get a zero loss delta, so they change
 no gradient, and are left out of the loss, the count and the logits.
 
+An executable of a *resident* layout (the layer-pipelined mode,
+``docs/layer_pipelined.md``) keeps its parameters and optimizer state where
+the step runs (:mod:`.pipelined_backend`, on any backend name): the first
+step (or :meth:`Runtime.write_state`) places them, every step updates them
+there and returns no gradients, :meth:`Runtime.read_state` reads them back.
+
 :meth:`Runtime.train_shard` is the SwarmX hook (``docs/swarmx.md`` section 3):
 one system's share of a data-parallel step, a run of the executable's token
 columns, with the per-column weight-gradient sums the row chain would add.
@@ -122,7 +128,12 @@ class Runtime:
             raise UsageError(f"executable must be an Executable, not {type(executable).__name__}")
         self.executable = executable
         self.backend_name = backend
-        self.backend: Backend = _backend_class(backend)(executable)
+        if executable.layout.resident:
+            _backend_class(backend)                  # checks the name
+            from .pipelined_backend import PipelinedBackend
+            self.backend: Backend = PipelinedBackend(executable, backend)
+        else:
+            self.backend = _backend_class(backend)(executable)
         self._classes = executable.graph.layers[-1].classes
         self._features = int(np.prod(executable.graph.input.shape))
 
@@ -206,8 +217,48 @@ class Runtime:
         return HostData(xb, onehot, scale, real), starts, counts
 
     # -- the API ----------------------------------------------------------
-    def train_step(self, x, y, weights: Mapping) -> StepResult:
+    @property
+    def resident(self) -> bool:
+        """Whether the parameters and optimizer state stay on the backend between
+        steps and the optimizer runs there (the executable's layout says)."""
+        return bool(self.executable.layout.resident)
+
+    def write_state(self, weights: Mapping, momentum: Mapping | None = None, steps: int = 0) -> None:
+        """Resident layouts: place the parameters (and the momentum buffers of a run
+        that has taken ``steps`` > 0 optimizer steps, to continue it bit for bit).
+
+        Raises
+        ------
+        UsageError
+            For a layout that is not resident, or missing or misshapen tensors.
+        """
+        if not self.resident:
+            raise UsageError(f"write_state is for resident layouts; the {self.executable.mode} mode takes the "
+                             "weights with every step")
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise UsageError(f"steps must be a non-negative integer, not {steps!r}")
+        params = self._check_weights(weights)
+        buffers = {}
+        if momentum:
+            given = dict(momentum)
+            buffers = self._check_weights({**params, **given})
+            buffers = {name: buffers[name] for name in given if name in params}
+        self.backend.write_state(params, buffers, int(steps))
+
+    def read_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Resident layouts: ``(parameters, momentum buffers)`` by PyTorch name, read
+        back from where they live (the buffers empty before the first step)."""
+        if not self.resident:
+            raise UsageError(f"read_state is for resident layouts; in the {self.executable.mode} mode the "
+                             "weights live in MemoryX")
+        return self.backend.read_state()
+
+    def train_step(self, x, y, weights: Mapping | None = None) -> StepResult:
         """One forward and backward pass of the batch ``(x, y)`` with ``weights``.
+
+        With a resident layout the update runs there too: ``weights`` (if
+        given) first become the resident parameters, and the result's
+        ``grads`` are empty.
 
         Parameters
         ----------
@@ -229,7 +280,7 @@ class Runtime:
             raise UsageError(f"y must be int64 of shape [{x.shape[0]}], not {y.dtype} of shape {list(y.shape)}")
         if y.size and (y.min() < 0 or y.max() >= self._classes):
             raise UsageError(f"labels y must be in 0..{self._classes - 1}, found {int(y.min())}..{int(y.max())}")
-        weights = self._check_weights(weights)
+        weights = self._weights_of(weights)
         host = self._host(x, y)
         out = self.backend.run("train", host, weights)
         n = host.n
@@ -248,14 +299,22 @@ class Runtime:
         """
         exe = self.executable
         streamed = [name for name in exe.sequences["train"] if exe.phases[name].group in exe.layout.gemm_groups]
-        count = sum(int(cycles[name] if cycles is not None else exe.phases[name].cycles) for name in streamed)
         fmacs = sum(exe.phases[name].fmacs for name in streamed)
+        if cycles is not None:       # a backend's counts, by phase (summed over a phase's runs)
+            count = sum(int(cycles.get(name, 0)) for name in dict.fromkeys(streamed))
+            runs = {name: 0 for name in streamed}
+            for name in cycles:
+                if name in runs:
+                    runs[name] = round(cycles[name] / exe.phases[name].cycles) if exe.phases[name].cycles else 0
+            fmacs = sum(exe.phases[name].fmacs * runs[name] for name in runs)
+        else:
+            count = sum(int(exe.phases[name].cycles) for name in streamed)
         return float(fmacs / (exe.config.num_pes * count)) if count else 0.0
 
     @property
     def supports_shards(self) -> bool:
         """Whether the backend runs part of a step (:meth:`train_shard`, the SwarmX hook)."""
-        return type(self.backend).run_shard is not Backend.run_shard
+        return not self.resident and type(self.backend).run_shard is not Backend.run_shard
 
     def train_shard(self, x, y, weights: Mapping, *, n: int, columns: range):
         """One system's share of a data-parallel step: the tokens of ``columns`` (the SwarmX hook).
@@ -300,15 +359,26 @@ class Runtime:
             weights, or a backend other than ``functional``.
         """
         exe = self.executable
+        if self.resident:
+            raise UsageError(f"train_shard splits a weight-streaming step; the {exe.mode} mode keeps its weights "
+                             "on one fabric")
         host, starts, counts = self._shard_host(x, y, n, columns)
         weights = self._check_weights(weights)
         out = self.backend.run_shard(host, weights, starts, counts)
         cycles = exe.cycles("train") if len(columns) else 0
         return ShardResult(np.ascontiguousarray(out.logits[:host.n]), dict(out.grads), int(cycles))
 
-    def forward(self, x, weights: Mapping) -> np.ndarray:
-        """Logits ``float32 [n, classes]`` of ``x`` (evaluation: forward phases only)."""
+    def _weights_of(self, weights: Mapping | None) -> dict | None:
+        if weights is None and self.resident:
+            return None
+        if weights is None:
+            raise UsageError(f"weights are needed: the {self.executable.mode} mode takes them with every step")
+        return self._check_weights(weights)
+
+    def forward(self, x, weights: Mapping | None = None) -> np.ndarray:
+        """Logits ``float32 [n, classes]`` of ``x`` (evaluation: forward phases only);
+        with a resident layout ``weights`` (if given) first become the resident parameters."""
         x = self._check_x(x)
-        weights = self._check_weights(weights)
+        weights = self._weights_of(weights)
         out = self.backend.run("eval", self._host(x, None), weights)
         return out.logits[:x.shape[0]]
