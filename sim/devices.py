@@ -48,6 +48,11 @@ def _golden(config: FabricConfig) -> Device:
     return Fabric(config)
 
 
+def _vector(config: FabricConfig) -> Device:
+    from wse.sim.vector import VectorFabric
+    return VectorFabric(config)
+
+
 def _verilator(config: FabricConfig) -> Device:
     from wse.sim.cosim.verilator import VerilatorFabric
     return VerilatorFabric(config)
@@ -61,6 +66,7 @@ def _icarus(config: FabricConfig) -> Device:
 #: Device name -> entry, in the order commands list them.
 DEVICES: dict[str, DeviceEntry] = {entry.name: entry for entry in (
     DeviceEntry("golden", "the golden model: every router and PE in numpy, wavelet by wavelet", _golden),
+    DeviceEntry("vector", "the vectorized model: every router and PE as arrays, all stepped together", _vector),
     DeviceEntry("verilator", "the RTL mesh compiled by Verilator, stepped in C++", _verilator),
     DeviceEntry("icarus", "the RTL mesh under cocotb in Icarus Verilog, in another process (slow)", _icarus),
 )}

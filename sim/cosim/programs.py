@@ -193,6 +193,8 @@ class _Writer:
             ld, la = self.dsd[dd][2], self.dsd[da][2]
             n = max(ld, la)
             t = min(ld, la)
+            if t == 0:
+                return  # a zero-length operand: nothing to stream (and no weight count to derive)
             if not (self.in_range(self.dsd[dd], ld) and self.in_range(self.dsd[da], la)
                     and self.in_range(self.dsd[db], -(-n // t))):
                 return

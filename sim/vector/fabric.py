@@ -1,0 +1,424 @@
+"""The vectorized fabric model: every router and PE of the mesh stepped together, cycle by cycle.
+
+:class:`VectorFabric` implements the host API (:class:`wse.sim.api.Device`)
+with the cycle semantics of ``docs/architecture.md`` sections 2-8, bit for
+bit and cycle for cycle equal to the golden model
+(:class:`wse.sim.golden.Fabric`). Its state is arrays
+(:class:`~.state.PeState`, :class:`~.routers.VectorRouters`); one cycle is
+
+1. the routers' decisions for every router from the start-of-cycle state
+   (grants, edge injections, RAMP takes from the PEs' output queues);
+2. the PEs due this cycle, split into groups by what they do (task
+   selection, scalar instructions by opcode, memory vector instructions,
+   send/recv, vector elements) and each group done with array operations.
+   As in the golden model, instructions that touch only a PE's own state run
+   ahead of the clock, so a PE meets the clock only at fabric accesses and
+   task selection;
+3. the end of the cycle: pops and pushes of the routers, queues filled.
+
+When nothing moves, the clock jumps to the next cycle at which a PE has work.
+See ``docs/vector.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from wse.config import FabricConfig, Port
+from wse.firmware.asm import format_instruction
+from wse.firmware.isa import BY_NAME
+from wse.sim.golden.errors import FabricHang, ProgramFault
+from wse.sim.golden.hostargs import HostArgs, Rect, stream_words
+
+from .code import K_BAD, K_EXIT, K_SCALAR, K_SEND, K_VECTOR, CodeTable
+from .routers import VectorRouters
+from .scalar import execute_scalar
+from .state import COUNTERS, PeState
+from .vector import MEM, begin_fabric_vector, vector_elements, vector_memory
+
+__all__ = ["VectorFabric"]
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_SENDC = BY_NAME["sendc"].opcode
+
+
+class VectorFabric(HostArgs):
+    """A ``config.width x config.height`` mesh held as arrays (see the module text).
+
+    Parameters
+    ----------
+    config:
+        Sizes of the fabric; default :meth:`FabricConfig.current`.
+    """
+
+    backend = "vector"
+
+    def __init__(self, config: FabricConfig | None = None):
+        cfg = config or FabricConfig.current()
+        self.config = cfg
+        self.width, self.height, self.colors = cfg.width, cfg.height, cfg.colors
+        self.s = PeState(cfg)
+        self.code = CodeTable()
+        self.routers = VectorRouters(cfg, self.s)
+        self.cycle = 0
+        self.cycle_limit = 0
+        self.total_cycles = 0
+        self.moved = 0
+        self._next_tx: list = []
+
+    @property
+    def edge_out(self) -> dict:
+        """Wavelets that left the mesh: ``{(edge, index, color): [(data, ctrl), ...]}`` in order."""
+        return self.routers.edge_out
+
+    @property
+    def edge_in(self) -> dict:
+        """Wavelets still to inject: ``{(edge, index): {color: deque of (data, ctrl)}}``."""
+        return self.routers.edge_in
+
+    @property
+    def wavelet_hops(self) -> int:
+        """Router hops since the last :meth:`reset_counters`."""
+        return self.routers.hops
+
+    # ------------------------------------------------------------------ host API
+    def _pe_index(self, rect) -> np.ndarray:
+        x0, y0, w, h = self._rect(rect)
+        ys, xs = np.meshgrid(np.arange(y0, y0 + h), np.arange(x0, x0 + w), indexing="ij")
+        return (ys * self.width + xs).ravel()
+
+    def registers(self, x: int, y: int) -> list[int]:
+        """The scalar registers of PE ``(x, y)`` (``r0`` reads 0)."""
+        return [int(v) for v in self.s.regs[self._tile(x, y)]]
+
+    def load(self, program, rect: Rect | None = None) -> None:
+        """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``."""
+        program.check_fits(self.config)
+        base, n = self.code.add(program)
+        s, pes = self.s, self._pe_index(rect)
+        s.base[pes], s.ncode[pes] = base, n
+        for p in pes.tolist():
+            s.program[p] = program
+        s.mem[pes] = 0
+        for addr, words in program.data:
+            s.mem[pes, addr:addr + len(words)] = np.asarray(words, dtype=np.uint32)
+        s.entry[pes], s.bound[pes], s.blocked[pes], s.activated[pes] = -1, False, False, False
+        for task in program.tasks:
+            s.entry[pes, task.id] = task.entry
+            s.bound[pes, task.id] = bool(task.data_color)
+            s.blocked[pes, task.id] = bool(task.blocked)
+
+    def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs: Iterable) -> None:
+        """Route ``color`` at router ``(x, y)``: accepted from ``input`` (None: not routed), sent to ``outputs``."""
+        self._tile(x, y)
+        self._check_color(color)
+        self.routers.set_route(x, y, color, input, outputs)
+
+    def load_routes(self, table: Iterable[tuple]) -> None:
+        """Apply many routes: an iterable of ``(x, y, color, input, outputs)``."""
+        for x, y, color, input, outputs in table:
+            self.set_route(x, y, color, input, outputs)
+
+    def route(self, x: int, y: int, color: int) -> tuple[int, tuple[Port, ...]]:
+        """The route of ``color`` at ``(x, y)``: (input code, output ports)."""
+        return self.routers.route(self._tile(x, y), color)
+
+    def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
+        """Write ``array[h, w, n]`` (or ``[n]`` for every PE) to words ``addr .. addr+n-1`` of each PE of ``rect``."""
+        (x0, y0, w, h), arr = self._h2d_array(array, rect)
+        n = arr.shape[2]
+        self._check_span("memcpy_h2d", addr, n)
+        mem = self.s.mem.reshape(self.height, self.width, -1)
+        mem[y0:y0 + h, x0:x0 + w, addr:addr + n] = arr
+
+    def memcpy_d2h(self, addr: int, n: int, rect: Rect | None = None) -> np.ndarray:
+        """Words ``addr .. addr+n-1`` of each PE of ``rect`` as ``uint32[h, w, n]``."""
+        x0, y0, w, h = self._rect(rect)
+        self._check_span("memcpy_d2h", addr, n)
+        mem = self.s.mem.reshape(self.height, self.width, -1)
+        return mem[y0:y0 + h, x0:x0 + w, addr:addr + n].copy()
+
+    def stream_in(self, edge: str, index: int, color: int, words, ctrl=None) -> None:
+        """Queue wavelets for injection at edge port ``(edge, index)`` on ``color``."""
+        key = self._edge_key(edge, index)
+        self._check_color(color)
+        arr, flags = stream_words(words, ctrl)
+        self.routers.queue_edge(*key, color, zip(arr.tolist(), flags.tolist()))
+
+    def launch(self, task: int, rect: Rect | None = None) -> None:
+        """Activate local task ``task`` on the PEs of ``rect`` (default all)."""
+        pes = self._pe_index(rect)
+        self.check_task(pes, np.full(pes.size, task))
+        self.s.activated[pes, task] = True
+
+    def counters(self) -> dict:
+        """Cycle count of the last run, totals, and per-PE counters as ``[h, w]`` arrays."""
+        shape = (self.height, self.width)
+        per = {k: self.s.counters[k].reshape(shape).copy() for k in COUNTERS}
+        return {"cycles": self.cycle, "total_cycles": self.total_cycles, "wavelet_hops": self.wavelet_hops,
+                "pe": per}
+
+    def reset_counters(self) -> None:
+        """Zero every counter."""
+        for v in self.s.counters.values():
+            v[:] = 0
+        self.total_cycles = 0
+        self.routers.hops = 0
+
+    # ------------------------------------------------------------------ faults
+    def fault(self, pe: int, message: str) -> ProgramFault:
+        """A :class:`ProgramFault` naming PE ``pe``, its task, pc and instruction."""
+        s = self.s
+        task = int(s.task[pe])
+        where = f"PE ({pe % self.width}, {pe // self.width}) {'no task' if task < 0 else f'task {task}'} " \
+                f"pc {int(s.pc[pe])}"
+        pc = int(s.pc[pe])
+        ins = ""
+        if 0 <= pc < s.ncode[pe] and self.code.kind[s.base[pe] + pc] != K_BAD:
+            try:
+                ins = f" ({format_instruction(int(self.code.words[s.base[pe] + pc]))})"
+            except ValueError as exc:
+                ins = f" ({exc})"
+        return ProgramFault(f"{where}{ins}: {message}")
+
+    def check_task(self, pes: np.ndarray, task: np.ndarray) -> None:
+        """Fault unless every PE's program has an entry for its ``task``."""
+        ok = task < self.s.ntasks
+        ok[ok] = self.s.entry[pes[ok], task[ok]] >= 0
+        if not ok.all():
+            k = int(np.flatnonzero(~ok)[0])
+            raise self.fault(int(pes[k]), f"task {int(task[k])} has no entry point in the program")
+
+    def push_next(self, pes, data, color) -> None:
+        """Vector results for the output queues, pushed at the end of the next cycle."""
+        self._next_tx.append((pes, data, color))
+
+    # ------------------------------------------------------------------ simulation
+    def run(self, max_cycles: int | None = None) -> int:
+        """Run until the fabric is idle; returns the cycles this run took.
+
+        Raises :class:`FabricHang` if nothing can move before the fabric is
+        idle, or after ``max_cycles`` cycles (default 50 million)."""
+        limit = 50_000_000 if max_cycles is None else int(max_cycles)
+        self.cycle_limit = limit
+        s, routers, C = self.s, self.routers, self.colors
+        s.reset_run_state()
+        due_tx: list = []
+        self._next_tx = []
+        t = 0
+        while True:
+            if t >= limit:
+                self.cycle = t
+                raise FabricHang(f"the fabric did not become idle within {limit} cycles", self._report(), t)
+            first = t % C
+            gr, gc = routers.grants(first)
+            injections = routers.injections(first) if routers.edge_in else []
+            moves = routers.from_ramp()
+            self.moved = 0
+            self._step_pes(t)
+            progress = bool(gr.size or injections or moves.size or self.moved or due_tx)
+            pushed = routers.apply(gr, gc)
+            routers.inject(injections)
+            routers.take_from_ramp(moves)
+            for pes, data, color in due_tx:
+                s.tx_push(pes, data, color, 0)
+            due_tx, self._next_tx = self._next_tx, []
+            woken = np.concatenate([pushed, moves]) if pushed.size or moves.size else _EMPTY
+            if woken.size:
+                w = woken[s.waiting[woken]]
+                s.waiting[w] = False
+                s.time[w] = t + 1
+            t += 1
+            if progress or due_tx:
+                continue
+            live = ~s.waiting
+            if live.any():
+                t = max(t, int(s.time[live].min()))
+                continue
+            if routers.count.any() or s.tcount.any() or routers.edge_in or s.running.any() or s.rcount.any():
+                self.cycle = t
+                raise FabricHang(f"the fabric stopped making progress at cycle {t} before becoming idle",
+                                 self._report(), t)
+            break
+        t = max(t - 1, 0)
+        self.cycle = t
+        self.total_cycles += t
+        return t
+
+    def _step_pes(self, t: int) -> None:
+        """The PEs' work of cycle ``t``."""
+        s = self.s
+        due = np.flatnonzero(s.time == t)
+        if due.size:
+            due = due[~s.waiting[due]]
+        if due.size == 0:
+            return
+        running = s.running[due]
+        started = self._select_tasks(due[~running], t)
+        busy = due[running]
+        vec = busy[s.vactive[busy]]
+        rest = busy[~s.vactive[busy]]
+        now = self._run_ahead(np.concatenate([started, rest]) if started.size else rest, t)
+        cont, begun = self._fabric(now, t)
+        if begun.size:
+            vec = np.concatenate([vec, begun])
+        ended = vector_elements(self, vec, t) if vec.size else _EMPTY
+        more = np.concatenate([cont, ended])
+        if more.size:
+            self._run_ahead(more, t)
+
+    def _select_tasks(self, pes: np.ndarray, t: int) -> np.ndarray:
+        """Task selection of the idle PEs ``pes`` (spec 4.3); returns the PEs that started a task."""
+        if pes.size == 0:
+            return pes
+        s, C = self.s, self.colors
+        T = s.ntasks
+        has_data = np.zeros((pes.size, T), dtype=bool)
+        has_data[:, :C] = s.rcount[pes] > 0
+        data = s.bound[pes] & has_data
+        ready = ~s.blocked[pes] & (s.entry[pes] >= 0) & (data | s.activated[pes])
+        found = ready.any(axis=1)
+        s.waiting[pes[~found]] = True
+        pes, ready, data = pes[found], ready[found], data[found]
+        if pes.size == 0:
+            return pes
+        task = ready.argmax(axis=1)
+        by_data = data[np.arange(pes.size), task]
+        if by_data.any():
+            p, c = pes[by_data], task[by_data]
+            d, k = s.rx_head(p, c)
+            s.rx_pop(p, c)
+            self.moved += p.size
+            s.regs[p, 1] = d
+            s.regs[p, 2] = k
+        s.activated[pes[~by_data], task[~by_data]] = False
+        s.running[pes], s.task[pes], s.pc[pes] = True, task, s.entry[pes, task]
+        s.task_start[pes] = t
+        s.counters["tasks"][pes] += 1
+        s.time[pes] = t + 1
+        return pes
+
+    def _run_ahead(self, pes: np.ndarray, t: int) -> np.ndarray:
+        """Run private instructions (scalar, exit, memory vector) of ``pes`` ahead of the clock;
+        returns the PEs at a fabric instruction due in cycle ``t``."""
+        s, code = self.s, self.code
+        now = []
+        while pes.size:
+            pes = pes[s.time[pes] < self.cycle_limit]
+            pc = s.pc[pes]
+            bad = (pc < 0) | (pc >= s.ncode[pes])
+            if bad.any():
+                p = int(pes[np.flatnonzero(bad)[0]])
+                raise self.fault(p, f"instruction fetch outside the program (0..{int(s.ncode[p]) - 1})")
+            rows = s.base[pes] + pc
+            kind = code.kind[rows]
+            if (kind == K_BAD).any():
+                k = int(np.flatnonzero(kind == K_BAD)[0])
+                raise self.fault(int(pes[k]), code.errors[int(rows[k])])
+            private = kind == K_SCALAR
+            vec = np.flatnonzero(kind == K_VECTOR)
+            if vec.size:
+                touches = self._touches_fabric(pes[vec], rows[vec])
+                private[vec[~touches]] = True
+            if private.any():
+                self._private(pes[private], rows[private], kind[private])
+            exits = kind == K_EXIT
+            if exits.any():
+                self._exit(pes[exits])
+            fabric = ~private & ~exits
+            f = pes[fabric]
+            now.append(f[s.time[f] == t])
+            pes = pes[private]
+        return np.concatenate(now) if now else _EMPTY
+
+    def _touches_fabric(self, pes, rows) -> np.ndarray:
+        s, code = self.s, self.code
+        dst = np.where(code.vec_fmt[rows] == 0, s.dsd_kind[pes, code.dd[rows]], MEM)
+        a = s.dsd_kind[pes, code.da[rows]]
+        b = np.where(code.has_db[rows] == 1, s.dsd_kind[pes, code.db[rows]], MEM)
+        return (dst != MEM) | (a != MEM) | (b != MEM)
+
+    def _private(self, pes, rows, kind) -> None:
+        s, code = self.s, self.code
+        s.counters["instructions"][pes] += np.where(kind == K_SCALAR, 1, 0)
+        sc = kind == K_SCALAR
+        if sc.any():
+            p, r = pes[sc], rows[sc]
+            npc = execute_scalar(self, p, r)
+            s.pc[p] = np.where(npc < 0, s.pc[p] + 1, npc)
+            s.time[p] += code.cycles[r]
+        if not sc.all():
+            p, r = pes[~sc], rows[~sc]
+            n = vector_memory(self, p, r)
+            s.pc[p] += 1
+            s.time[p] += n + code.cycles[r]
+
+    def _exit(self, pes) -> None:
+        s = self.s
+        s.counters["instructions"][pes] += 1
+        s.counters["busy"][pes] += s.time[pes] + 1 - s.task_start[pes]
+        s.running[pes], s.task[pes] = False, -1
+        s.time[pes] += 1
+
+    def _fabric(self, pes: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Fabric instructions reached in cycle ``t``: send and recv attempts, vector starts.
+        Returns ``(PEs that go on, PEs that started a fabric vector instruction)``."""
+        if pes.size == 0:
+            return _EMPTY, _EMPTY
+        s, code, C = self.s, self.code, self.colors
+        s.instr_start[pes] = np.where(s.instr_start[pes] < 0, t, s.instr_start[pes])
+        rows = s.base[pes] + s.pc[pes]
+        kind = code.kind[rows]
+        vec = kind == K_VECTOR
+        begun = pes[vec]
+        if begun.size:
+            begin_fabric_vector(self, begun, rows[vec])
+        pes, rows, kind = pes[~vec], rows[~vec], kind[~vec]
+        if pes.size == 0:
+            return _EMPTY, begun
+        color = code.color[rows]
+        if (color >= C).any():
+            k = int(np.flatnonzero(color >= C)[0])
+            raise self.fault(int(pes[k]), f"color {int(color[k])} is not below colors={C}")
+        send = kind == K_SEND
+        ok = np.where(send, s.tcount[pes] < s.tx_depth, s.rcount[pes, np.minimum(color, C - 1)] > 0)
+        s.waiting[pes[~ok]] = True
+        pes, rows, send, color = pes[ok], rows[ok], send[ok], color[ok]
+        if send.any():
+            p, r = pes[send], rows[send]
+            ctrl = (code.op[r] == _SENDC).astype(np.uint8)
+            s.tx_push(p, s.regs[p, code.ra[r]], color[send], ctrl)
+        recv = ~send
+        if recv.any():
+            p, c, rd = pes[recv], color[recv], code.rd[rows[recv]]
+            data, _ = s.rx_head(p, c)
+            s.rx_pop(p, c)
+            keep = rd != 0
+            s.regs[p[keep], rd[keep]] = data[keep]
+        self.moved += pes.size
+        s.counters["instructions"][pes] += 1
+        s.counters["stall"][pes] += t - s.instr_start[pes]
+        s.instr_start[pes] = -1
+        s.pc[pes] += 1
+        s.time[pes] = t + code.cycles[rows]
+        return pes, begun
+
+    # ------------------------------------------------------------------ reports
+    def _report(self) -> list[str]:
+        s = self.s
+        lines = []
+        for pe in np.flatnonzero(s.running).tolist():
+            what = "waits" if s.waiting[pe] else "running"
+            lines.append(f"PE ({pe % self.width}, {pe // self.width}) task {int(s.task[pe])} "
+                         f"pc {int(s.pc[pe])} {what}")
+        for pe, c in zip(*np.nonzero(s.rcount * ~s.running[:, None])):
+            lines.append(f"PE ({pe % self.width}, {pe // self.width}) has {int(s.rcount[pe, c])} wavelet(s) "
+                         f"on color {int(c)} that nothing takes")
+        for pe in np.flatnonzero(s.tcount).tolist():
+            lines.append(f"PE ({pe % self.width}, {pe // self.width}) output queue holds {int(s.tcount[pe])} "
+                         f"wavelet(s)")
+        return lines + self.routers.stuck()
+
+

@@ -1,0 +1,144 @@
+"""The vectorized fabric model equals the golden model bit for bit and cycle for cycle:
+library kernels on square, non-square and one-row meshes, the random-program generator's
+programs through the lockstep divergence report, and whole weight-streaming training phases."""
+
+import numpy as np
+import pytest
+
+from wse.config import FabricConfig, Port
+from wse.firmware.asm import assemble
+from wse.firmware.kernels import KERNELS
+from wse.sim.api import Device
+from wse.sim.cosim.lockstep import Divergence, Lockstep
+from wse.sim.cosim.programs import directed_scenarios, random_scenario, run_scenario
+from wse.sim.devices import make_device
+from wse.sim.golden import Fabric, FabricHang, ProgramFault
+from wse.sim.runner import run_kernel
+from wse.sim.vector import VectorFabric
+
+MESHES = [(1, 1), (4, 4), (3, 2), (2, 3), (5, 1), (1, 4)]
+
+
+def _state(device, cfg):
+    regs = [device.registers(x, y) for y in range(cfg.height) for x in range(cfg.width)]
+    return device.counters(), device.memcpy_d2h(0, cfg.sram_words), regs
+
+
+def assert_same(golden, vector, cfg):
+    (cg, mg, rg), (cv, mv, rv) = _state(golden, cfg), _state(vector, cfg)
+    for key in ("cycles", "total_cycles", "wavelet_hops"):
+        assert cg[key] == cv[key], key
+    for key in cg["pe"]:
+        np.testing.assert_array_equal(cg["pe"][key], cv["pe"][key], err_msg=key)
+    np.testing.assert_array_equal(mg, mv)
+    assert rg == rv
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: f"{m[0]}x{m[1]}")
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernels_equal_golden(name, mesh):
+    cfg = FabricConfig(width=mesh[0], height=mesh[1])
+    made = {}
+
+    def maker(cls):
+        def make(config):
+            made[cls] = cls(config)
+            return made[cls]
+        return make
+    want = run_kernel(name, cfg, seed=5, device=maker(Fabric))
+    got = run_kernel(name, cfg, seed=5, device=maker(VectorFabric))
+    assert got["bit_exact"] and got["backend"] == "vector"
+    assert got["cycles"] == want["cycles"] > 0
+    assert_same(made[Fabric], made[VectorFabric], cfg)
+
+
+def test_runner_and_registry_make_the_vector_device():
+    cfg = FabricConfig(width=3, height=2, sram_words=1024)
+    device = make_device("vector", cfg)
+    assert isinstance(device, VectorFabric) and isinstance(device, Device)
+    report = run_kernel("gemv", cfg, seed=1, backend="vector", rows=7, cols=5)
+    assert report["bit_exact"] and report["backend"] == "vector"
+
+
+SCENARIOS = directed_scenarios() + [random_scenario(seed) for seed in (0, 1, 2, 3, 5, 8, 13, 21, 34, 40)]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_programs_in_lockstep_with_golden(scenario):
+    lockstep = Lockstep(Fabric(scenario.config), VectorFabric(scenario.config))
+    cycles = run_scenario(lockstep, scenario)
+    assert cycles > 0 and lockstep.compared.get("words", 1) > 0
+
+
+def test_lockstep_reports_a_divergence_of_the_vector_model():
+    scenario = random_scenario(4)
+    vector = VectorFabric(scenario.config)
+    lockstep = Lockstep(Fabric(scenario.config), vector)
+    run = vector.run
+    vector.run = lambda max_cycles=None: run(max_cycles) + 1   # a model off by one cycle
+    with pytest.raises(Divergence, match="cycles"):
+        run_scenario(lockstep, scenario)
+
+
+def _hang_program(cfg):
+    return assemble("""
+        .task 0, main
+    main:
+        recv r3, 1
+        exit
+    """, config=cfg)
+
+
+def test_a_hang_is_reported_like_golden():
+    cfg = FabricConfig(width=2, height=1, sram_words=256)
+    for cls in (Fabric, VectorFabric):
+        device = cls(cfg)
+        device.load(_hang_program(cfg))
+        device.launch(0)
+        with pytest.raises(FabricHang, match="stopped making progress"):
+            device.run()
+
+
+def test_a_fault_names_the_pe_and_instruction_like_golden():
+    cfg = FabricConfig(width=2, height=2, sram_words=256)
+    program = assemble("""
+        .task 0, main
+    main:
+        li r3, 1000
+        ld r4, 0(r3)
+        exit
+    """, config=cfg)
+    messages = []
+    for cls in (Fabric, VectorFabric):
+        device = cls(cfg)
+        device.load(program, rect=(1, 1, 1, 1))
+        device.launch(0, rect=(1, 1, 1, 1))
+        with pytest.raises(ProgramFault) as info:
+            device.run()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "PE (1, 1)" in messages[0]
+
+
+def test_edge_streams_and_routes_equal_golden():
+    cfg = FabricConfig(width=3, height=1, sram_words=256)
+    outs = []
+    for cls in (Fabric, VectorFabric):
+        device = cls(cfg)
+        for x in range(3):
+            device.set_route(x, 0, 2, Port.W, [Port.E])
+        device.stream_in("W", 0, 2, np.arange(10, dtype=np.uint32), ctrl=[i % 2 for i in range(10)])
+        cycles = device.run()
+        outs.append((cycles, device.route(1, 0, 2), device.pending_out(),
+                     [a.tolist() for a in device.stream_out("E", 0, 2, with_ctrl=True)]))
+    assert outs[0] == outs[1]
+
+
+def test_the_vector_device_implements_the_whole_contract():
+    import inspect
+
+    from wse.sim.api import DEVICE_CALLS
+
+    def parameters(function):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+    for name in DEVICE_CALLS:
+        assert parameters(getattr(VectorFabric, name)) == parameters(getattr(Device, name)), name
