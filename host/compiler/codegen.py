@@ -4,7 +4,9 @@ The PE program is the assembled training firmware; the per-PE op lists of
 every phase become static memory images; stream orders, host transfers and
 phase descriptions are copied over (as :class:`~.schedule.Phase`, with the
 plan's :class:`~.layouts.WeightStreamingLayout`); the cycles of every phase
-come from the static cycle model (:mod:`.cycles`).
+come from the static cycle model (:mod:`.cycles`), unless it is skipped
+(``cycles=False``: every phase's cycles read 0, and
+:func:`~.cycles.executable_cycles` computes them later from the executable).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from wse.firmware.training import training_program
 
 from . import cycles as cycle_model
+from . import route_check
 from .executable import Executable
 from .weight_streaming import Plan
 
@@ -33,13 +36,24 @@ def _op_image(plan: Plan, phase) -> np.ndarray:
     return image
 
 
-def generate(plan: Plan) -> Executable:
-    """Build the executable of a weight-streaming plan, cycles included."""
+def generate(plan: Plan, *, cycles: bool = True, progress: bool = True) -> Executable:
+    """Build the executable of a weight-streaming plan.
+
+    Parameters
+    ----------
+    cycles:
+        Run the static cycle model for every phase's cycles; ``False`` leaves
+        them 0 (a compile that needs only programs, routes and streams).
+    progress:
+        Report a cycle model that takes more than a few seconds on stderr.
+    """
     cfg = plan.config
+    route_check.check_weight_streaming(plan)    # no route set that can deadlock leaves the compiler
     program = training_program(cfg)
     static = [(phase.ops_addr, _op_image(plan, phase)) for phase in plan.phases.values()]
-    cycles = cycle_model.phase_cycles(plan, program)
-    phases = {name: phase.to_phase(cycles[name]) for name, phase in plan.phases.items()}
+    counts = cycle_model.phase_cycles(plan, program, progress=progress) if cycles else \
+        dict.fromkeys(plan.phases, 0)
+    phases = {name: phase.to_phase(counts[name]) for name, phase in plan.phases.items()}
     return Executable(graph=plan.graph, config=cfg, batch=plan.batch, mode="weight_streaming", program=program,
                       routes=list(plan.routes), static=static, transfers=plan.transfers, phases=phases,
                       sequences=plan.sequences, regions=plan.regions, layout=plan.layout())

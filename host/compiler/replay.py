@@ -24,12 +24,17 @@ start and applied at its end, in this order:
 5. the moves, pops and pushes of 1-4 (:func:`_apply_grants` and the next
    ones), then the idle skip: when nothing moved and nothing is in flight, the
    replay jumps to the next cycle at which a PE that was not waiting for the
-   fabric goes on, or reports a hang if there is none (also after ``limit``
+   fabric goes on, or reports a hang if there is none (also when an edge
+   port still holds wavelets, which then can never enter the fabric, when
+   wavelets are left in an input queue at the end, and after ``limit``
    cycles).
 
 The replay is compiled (numba). Its state is grouped in named tuples of
-arrays: :class:`Routes` (read-only tables), :class:`EdgePorts`,
-:class:`Queues`, :class:`Cores` and :class:`Events` (one cycle's decisions).
+arrays: :class:`Routes` (read-only tables, :mod:`.network`),
+:class:`EdgePorts`, :class:`Queues`, :class:`Cores` and :class:`Events` (one
+cycle's decisions). A run can stop (when a watched PE reaches an op row) and
+go on, which :mod:`.replay_periods` uses to skip proven repeats; steps 1 and
+2 count the grants that depended on the color rotation (conflicts).
 """
 
 from __future__ import annotations
@@ -39,16 +44,14 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from wse.config import ROUTE_INPUT_NONE, FabricConfig, Port, route_outputs
+from wse.config import Port
 from wse.firmware.training.timing import BUSY, END, RECV
 
-__all__ = ["Network", "replay", "TO_ROUTER", "TO_PE", "TO_EDGE"]
+from .network import TO_EDGE, TO_PE, TO_ROUTER, Network, Routes
 
-_EDGE_PORT = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
+__all__ = ["Network", "Routes", "replay", "TO_ROUTER", "TO_PE", "TO_EDGE"]
+
 _RAMP = int(Port.RAMP)
-#: Kinds of a route's target: a neighbour router, the router's own PE, the mesh edge (wavelets leave).
-TO_ROUTER, TO_PE, TO_EDGE = 0, 1, 2
-_MAX_TARGETS = 5
 
 # Results of the jitted replay below 0: it hung.
 _OUT_OF_TIME, _DEADLOCK = -1, -2
@@ -61,78 +64,6 @@ _POP = 3         # PE ``who`` pops its input queue ``color``
 _ISSUE = 4       # PE ``who`` issues a vector element for the fabric, of ``color``
 _WRITE = 5       # ... issued last cycle: it enters the output queue this cycle
 _EVENT_KINDS = 6
-
-
-class Network:
-    """Route tables as arrays for the replay.
-
-    For router ``r`` (row-major) and color ``c``: ``input_port[r, c]`` is the
-    port the route accepts from (:data:`~wse.config.ROUTE_INPUT_NONE` when
-    there is no route), ``output_mask[r, c]`` its output port bit mask and
-    ``n_targets[r, c]`` its distinct outputs (up to five); for each output
-    ``k``, ``target_kind[r, c, k]`` (:data:`TO_ROUTER`, :data:`TO_PE`,
-    :data:`TO_EDGE`), ``target[r, c, k]`` (the router or PE) and
-    ``target_port[r, c, k]`` (the port a target router must route the color
-    from to accept it).
-
-    Parameters
-    ----------
-    config : FabricConfig
-        The mesh and its queue depths.
-    routes : iterable of (x, y, color, input, outputs)
-        The route table entries, as a plan lists them.
-    """
-
-    def __init__(self, config: FabricConfig, routes):
-        W, H, C = config.width, config.height, config.colors
-        n = W * H
-        self.config = config
-        self.input_port = np.full((n, C), ROUTE_INPUT_NONE, dtype=np.int64)
-        self.output_mask = np.zeros((n, C), dtype=np.int64)
-        self.n_targets = np.zeros((n, C), dtype=np.int64)
-        self.target_kind = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
-        self.target = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
-        self.target_port = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
-        for x, y, color, inp, outputs in routes:
-            r = y * W + x
-            self.input_port[r, color] = ROUTE_INPUT_NONE if inp is None else int(Port(inp))
-            mask, outs = route_outputs(x, y, outputs, W, H)
-            for k, (port, neighbour) in enumerate(outs):
-                if port is Port.RAMP:
-                    self.target_kind[r, color, k], self.target[r, color, k] = TO_PE, r
-                elif neighbour is not None:
-                    self.target_kind[r, color, k], self.target[r, color, k] = TO_ROUTER, neighbour
-                    self.target_port[r, color, k] = int(port.opposite)
-                else:
-                    self.target_kind[r, color, k] = TO_EDGE
-            self.output_mask[r, color] = mask
-            self.n_targets[r, color] = len(outs)
-
-    def port(self, edge: str, index: int) -> tuple[int, int]:
-        """(boundary router, port code) of edge port ``(edge, index)``."""
-        W, H = self.config.width, self.config.height
-        x, y = {"N": (index, 0), "S": (index, H - 1), "W": (0, index), "E": (W - 1, index)}[edge]
-        return y * W + x, int(_EDGE_PORT[edge])
-
-    def routes(self) -> Routes:
-        """The tables and the queue depths, as the compiled replay takes them."""
-        cfg = self.config
-        return Routes(self.input_port, self.output_mask, self.n_targets, self.target_kind, self.target,
-                      self.target_port, cfg.router_depth, cfg.rx_depth, cfg.tx_depth)
-
-
-class Routes(NamedTuple):
-    """The route tables of a :class:`Network` and the fabric's queue depths (read-only)."""
-
-    input_port: np.ndarray
-    output_mask: np.ndarray
-    n_targets: np.ndarray
-    target_kind: np.ndarray
-    target: np.ndarray
-    target_port: np.ndarray
-    router_depth: int
-    rx_depth: int
-    tx_depth: int
 
 
 class EdgePorts(NamedTuple):
@@ -231,10 +162,15 @@ def _targets_ready(routes, queues, r, c):
 
 @njit(cache=True)
 def _grant_routers(routes, queues, first_color, events):
-    """Step 1: each router's grants, colors in rotating priority from ``first_color``."""
+    """Step 1: each router's grants, colors in rotating priority from ``first_color``.
+
+    Returns the conflicts: colors that could go but were held back by a
+    color granted before them on a shared port (with none, the grants do not
+    depend on the rotation)."""
     output_mask = routes.output_mask
     router_fifo, busy_fifos = queues.router_fifo, queues.busy_fifos
     routers, colors = router_fifo.shape
+    conflicts = 0
     for r in range(routers):
         if busy_fifos[r] == 0:
             continue
@@ -244,29 +180,42 @@ def _grant_routers(routes, queues, first_color, events):
             if router_fifo[r, c] == 0:
                 continue
             mask = output_mask[r, c]
-            if mask == 0 or (mask & ports_used) != 0:
+            if mask == 0:
+                continue
+            if (mask & ports_used) != 0:
+                if _targets_ready(routes, queues, r, c):
+                    conflicts += 1
                 continue
             if _targets_ready(routes, queues, r, c):
                 ports_used |= mask
                 _record(events, _GRANT, r, c)
+    return conflicts
 
 
 @njit(cache=True)
 def _grant_injections(routes, queues, ports, first_color, events):
     """Step 2: each edge port injects a wavelet of the first color (rotating from
-    ``first_color``) it has left that its router routes from it and has room for."""
+    ``first_color``) it has left that its router routes from it and has room for.
+
+    Returns the conflicts: ports where more than one color could go."""
     input_port, router_fifo = routes.input_port, queues.router_fifo
     router, code, left, left_total = ports.router, ports.code, ports.left, ports.left_total
     colors = input_port.shape[1]
+    conflicts = 0
     for p in range(router.shape[0]):
         if left_total[p] == 0:
             continue
         r = router[p]
+        chosen = False
         for q in range(colors):
             c = (first_color + q) % colors
             if left[p, c] > 0 and input_port[r, c] == code[p] and router_fifo[r, c] < routes.router_depth:
+                if chosen:
+                    conflicts += 1
+                    break
                 _record(events, _INJECT, p, c)
-                break
+                chosen = True
+    return conflicts
 
 
 @njit(cache=True)
@@ -489,27 +438,45 @@ def _new_state(routes, ports, starts):
     return queues, cores, events
 
 
+# Slots of a run's counters (an int64 array, so that a run can stop and go on).
+_T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS = range(8)
+# Results of _run at or above 0.
+_FINISHED, _STOPPED = 0, 1
+
+
+def _new_scalars(starts: np.ndarray, ports: EdgePorts, watch: int) -> np.ndarray:
+    """The counters of a run at cycle 0."""
+    scalars = np.zeros(8, dtype=np.int64)
+    scalars[_RUNNING] = starts.shape[0]
+    scalars[_TO_INJECT] = ports.left_total.sum()
+    scalars[_LAST] = -1
+    scalars[_SEEN_PC] = starts[watch] + 1 if watch >= 0 else -1
+    return scalars
+
+
 @njit(cache=True)
-def _replay(routes, ports, ops, starts, limit):
-    """The cycles until every PE reached ``END`` and the fabric is empty (the
-    cycle after the last event), or ``_OUT_OF_TIME`` / ``_DEADLOCK``."""
-    queues, cores, events = _new_state(routes, ports, starts)
+def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
+    """Run cycles from the state until every PE reached ``END`` and the fabric
+    is empty (``_FINISHED``; ``scalars[_LAST]`` is the last cycle with an
+    event), or it hangs (``_OUT_OF_TIME``, ``_DEADLOCK``), or, with ``watch >=
+    0``, until the start of a cycle at which PE ``watch`` stands at op row
+    ``scalars[_SEEN_PC]`` or later (``_STOPPED``; calling again goes on)."""
     count = events.count
     colors = routes.input_port.shape[1]
     tx_depth = routes.tx_depth
-    running = cores.pc.shape[0]          # PEs not at END
-    nonempty_fifos = 0                   # non-empty router FIFOs
-    tx_wavelets = 0                      # wavelets in output queues
-    to_inject = ports.left_total.sum()   # wavelets the edge ports have left
-    last = -1                            # the last cycle with an event
-    t = 0
+    t, running, nonempty_fifos = scalars[_T], scalars[_RUNNING], scalars[_FIFOS]
+    tx_wavelets, to_inject, last = scalars[_TX], scalars[_TO_INJECT], scalars[_LAST]
+    status = _FINISHED
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
         if t >= limit:
             return _OUT_OF_TIME
+        if watch >= 0 and cores.pc[watch] >= scalars[_SEEN_PC]:
+            status = _STOPPED
+            break
         first_color = t % colors
         count[:_WRITE] = 0
-        _grant_routers(routes, queues, first_color, events)
-        _grant_injections(routes, queues, ports, first_color, events)
+        scalars[_CONFLICTS] += _grant_routers(routes, queues, first_color, events) + \
+            _grant_injections(routes, queues, ports, first_color, events)
         _grant_tx_moves(routes, queues, events)
         progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t)
         running -= finished
@@ -525,32 +492,27 @@ def _replay(routes, ports, ops, starts, limit):
         nonempty_fifos += _apply_tx_moves(queues, tx_depth, events)
         tx_wavelets += count[_WRITE] - count[_TX_MOVE]
         _apply_pe_queues(queues, tx_depth, events)
-        if moves == 0 and issued == 0 and progressed == 0 and nonempty_fifos == 0 and tx_wavelets == 0 and \
-                to_inject == 0:
-            # Nothing moved and nothing is in flight: skip to the next PE that goes on by itself.
+        if moves == 0 and issued == 0 and progressed == 0 and nonempty_fifos == 0 and tx_wavelets == 0:
+            # Nothing moved and nothing is in flight: skip to the next PE that
+            # goes on by itself. An edge port that injected nothing into empty
+            # FIFOs has no route for its colors, and never will: a wavelet it
+            # still holds is a hang once no PE is left to wake.
             wake = _next_wake(cores, t, limit)
             if wake < limit:
                 t = wake
                 continue
-            if running > 0:
+            if running > 0 or to_inject > 0:
                 return _DEADLOCK
         t += 1
-    return last + 1
+    scalars[_T], scalars[_RUNNING], scalars[_FIFOS] = t, running, nonempty_fifos
+    scalars[_TX], scalars[_TO_INJECT], scalars[_LAST] = tx_wavelets, to_inject, last
+    if status == _FINISHED and queues.rx.sum() > 0:
+        return _DEADLOCK          # wavelets left in input queues that no PE takes: the golden model hangs
+    return status
 
 
-def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
-           limit: int = 1 << 40) -> int:
-    """Cycles of one run: PE ``p`` executes ``ops[starts[p]:ends[p]]``, the
-    edge ports inject ``inject[(edge, index)][color]`` wavelets.
-
-    Each PE's ops end with ``END`` (as :func:`wse.firmware.training.timing.pe_ops`
-    writes them), which ends its run.
-
-    Raises
-    ------
-    RuntimeError
-        If the replay hangs (a schedule the golden model would report as a hang).
-    """
+def _edge_ports(network: Network, inject: dict) -> EdgePorts:
+    """The injecting edge ports of ``inject`` (``{(edge, index): {color: wavelets}}``), in key order."""
     cfg = network.config
     keys = sorted(inject)
     router = np.zeros(len(keys), dtype=np.int64)
@@ -560,8 +522,41 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
         router[p], code[p] = network.port(*key)
         for color, count in inject[key].items():
             left[p, color] += count
-    ports = EdgePorts(router, code, left, left.sum(axis=1))
-    result = _replay(network.routes(), ports, ops, starts.astype(np.int64), limit)
+    return EdgePorts(router, code, left, left.sum(axis=1))
+
+
+def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
+           limit: int = 1 << 40, periods: bool = True) -> int:
+    """Cycles of one run: PE ``p`` executes ``ops[starts[p]:ends[p]]``, the
+    edge ports inject ``inject[(edge, index)][color]`` wavelets.
+
+    Each PE's ops end with ``END`` (as :func:`wse.firmware.training.timing.pe_ops`
+    writes them), which ends its run. With ``periods`` (the default) the replay
+    skips repeats of a proven period of the whole fabric's state
+    (:mod:`.replay_periods`); the count is the same as without.
+
+    Raises
+    ------
+    RuntimeError
+        If the replay hangs (a schedule the golden model would report as a
+        hang: a wait that never ends, wavelets that can never enter the fabric
+        or that stay in an input queue, or more than ``limit`` cycles).
+    """
+    from .replay_periods import run_with_periods
+
+    routes = network.routes()
+    ports = _edge_ports(network, inject)
+    starts = starts.astype(np.int64)
+    ops = np.ascontiguousarray(ops, dtype=np.int64)
+    queues, cores, events = _new_state(routes, ports, starts)
+    if periods and starts.shape[0] > 0:
+        watch = int(np.argmax(np.asarray(ends) - starts))     # the PE with the longest op list
+        result = run_with_periods(routes, ports, ops, queues, cores, events, limit, watch, int(ends[watch]))
+    else:
+        scalars = _new_scalars(starts, ports, -1)
+        result = _run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
+        if result == _FINISHED:
+            result = scalars[_LAST] + 1
     if result < 0:
         raise RuntimeError("the cycle model's replay hung: the schedule would not finish on the fabric")
     return int(result)

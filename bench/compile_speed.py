@@ -1,0 +1,125 @@
+"""Compile speed of weight streaming at scale: one JSON line per model and mesh.
+
+Each line gives the seconds of every compile stage (trace, plan, op images,
+cycle model, the rest of code generation), the total, the cycles of every
+phase, PEs x layers and the seconds per million PE-layers (compile time that
+grows at most linearly in PEs x layers keeps that figure flat). With
+``--baseline`` the cycle model also runs as the full replay (no skipped
+periods) in the same process: ``speedup`` is its time over the fast path's,
+and ``same_cycles`` says the counts agree.
+
+    .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
+    .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
+    .venv/bin/python bench/compile_speed.py --cases wafer --cycles-only
+
+Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
+(1024-1024-1024-10, 32x32, batch 256), ``mlp2048`` (2048-2048-2048-10,
+64x64, batch 512), ``mlp4096`` (4096-4096-4096-10, 128x128, batch 1024),
+``wafer`` (4096-4096-4096-10 on 750x994, batch 6000: the WSE-2's mesh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CASES = {
+    "fc_mnist": ((784, 256, 256, 10), (16, 16), 64),
+    "mlp1024": ((1024, 1024, 1024, 10), (32, 32), 256),
+    "mlp2048": ((2048, 2048, 2048, 10), (64, 64), 512),
+    "mlp4096": ((4096, 4096, 4096, 10), (128, 128), 1024),
+    "wafer": ((4096, 4096, 4096, 10), (750, 994), 6000),
+}
+DEFAULT = ("fc_mnist", "mlp1024", "mlp2048")
+
+
+def _model(sizes):
+    from torch import nn
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def run_case(name: str, baseline: bool, cycles_only: bool) -> dict:
+    """Compile one case stage by stage; the JSON record."""
+    import torch
+
+    from wse.config import FabricConfig
+    from wse.firmware.training import training_program
+    from wse.host.compiler import trace
+    from wse.host.compiler import codegen, cycles
+    from wse.host.compiler.weight_streaming import plan
+
+    sizes, (width, height), batch = CASES[name]
+    torch.manual_seed(0)
+    stages = {}
+    began = time.perf_counter()
+    graph = trace(_model(sizes), torch.randn(2, sizes[0]))
+    stages["trace"] = time.perf_counter() - began
+    t = time.perf_counter()
+    config = FabricConfig(width=width, height=height)
+    the_plan = plan(graph, config, batch)
+    stages["plan"] = time.perf_counter() - t
+    t = time.perf_counter()
+    counts = cycles.phase_cycles(the_plan, training_program(config), progress=False)
+    stages["cycle_model"] = time.perf_counter() - t
+    if not cycles_only:
+        t = time.perf_counter()
+        codegen.generate(the_plan, cycles=False, progress=False)
+        stages["codegen_without_cycles"] = time.perf_counter() - t
+    total = sum(stages.values())
+    pe_layers = width * height * (len(sizes) - 1)
+    record = {"case": name, "sizes": list(sizes), "mesh": f"{width}x{height}", "batch": batch,
+              "stages_s": {k: round(v, 3) for k, v in stages.items()}, "compile_s": round(total, 3),
+              "pe_layers": pe_layers, "s_per_million_pe_layers": round(total / pe_layers * 1e6, 3),
+              "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts}
+    if baseline:
+        t = time.perf_counter()
+        full = cycles.phase_cycles(the_plan, training_program(config), periods=False, progress=False)
+        record["baseline_cycle_model_s"] = round(time.perf_counter() - t, 3)
+        record["speedup"] = round(record["baseline_cycle_model_s"] / stages["cycle_model"], 2)
+        record["same_cycles"] = full == counts
+    return record
+
+
+def _warm_up() -> None:
+    """Load the compiled replay (numba's cache) before anything is timed."""
+    import torch
+
+    from wse.config import FabricConfig
+    from wse.host.compiler import cycles, trace
+    from wse.host.compiler.weight_streaming import plan
+    the_plan = plan(trace(_model((4, 24, 3)), torch.randn(2, 4)), FabricConfig(width=2, height=2), 4)
+    for periods in (True, False):
+        cycles.phase_cycles(the_plan, periods=periods, progress=False)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(DEFAULT))
+    parser.add_argument("--baseline", action="store_true", help="also time the full replay (no skipped periods)")
+    parser.add_argument("--cycles-only", action="store_true", help="skip code generation (huge meshes)")
+    args = parser.parse_args(argv)
+    _warm_up()
+    records = []
+    for name in args.cases:
+        record = run_case(name, args.baseline, args.cycles_only)
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    if len(records) > 1:       # growth: seconds per PE-layer of each case against the first
+        first = records[0]["s_per_million_pe_layers"]
+        print(json.dumps({"growth_vs_" + records[0]["case"]: {
+            r["case"]: round(r["s_per_million_pe_layers"] / first, 2) for r in records[1:]}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The route tables of the static cycle model's replay (:mod:`.replay`), as arrays."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from wse.config import ROUTE_INPUT_NONE, FabricConfig, Port, route_outputs
+
+__all__ = ["Network", "Routes", "TO_ROUTER", "TO_PE", "TO_EDGE"]
+
+_EDGE_PORT = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
+#: Kinds of a route's target: a neighbour router, the router's own PE, the mesh edge (wavelets leave).
+TO_ROUTER, TO_PE, TO_EDGE = 0, 1, 2
+_MAX_TARGETS = 5
+
+
+class Network:
+    """Route tables as arrays for the replay.
+
+    For router ``r`` (row-major) and color ``c``: ``input_port[r, c]`` is the
+    port the route accepts from (:data:`~wse.config.ROUTE_INPUT_NONE` when
+    there is no route), ``output_mask[r, c]`` its output port bit mask and
+    ``n_targets[r, c]`` its distinct outputs (up to five); for each output
+    ``k``, ``target_kind[r, c, k]`` (:data:`TO_ROUTER`, :data:`TO_PE`,
+    :data:`TO_EDGE`), ``target[r, c, k]`` (the router or PE) and
+    ``target_port[r, c, k]`` (the port a target router must route the color
+    from to accept it).
+
+    Parameters
+    ----------
+    config : FabricConfig
+        The mesh and its queue depths.
+    routes : iterable of (x, y, color, input, outputs)
+        The route table entries, as a plan lists them.
+    """
+
+    def __init__(self, config: FabricConfig, routes):
+        W, H, C = config.width, config.height, config.colors
+        n = W * H
+        self.config = config
+        self.input_port = np.full((n, C), ROUTE_INPUT_NONE, dtype=np.int64)
+        self.output_mask = np.zeros((n, C), dtype=np.int64)
+        self.n_targets = np.zeros((n, C), dtype=np.int64)
+        self.target_kind = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
+        self.target = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
+        self.target_port = np.zeros((n, C, _MAX_TARGETS), dtype=np.int64)
+        for x, y, color, inp, outputs in routes:
+            r = y * W + x
+            self.input_port[r, color] = ROUTE_INPUT_NONE if inp is None else int(Port(inp))
+            mask, outs = route_outputs(x, y, outputs, W, H)
+            for k, (port, neighbour) in enumerate(outs):
+                if port is Port.RAMP:
+                    self.target_kind[r, color, k], self.target[r, color, k] = TO_PE, r
+                elif neighbour is not None:
+                    self.target_kind[r, color, k], self.target[r, color, k] = TO_ROUTER, neighbour
+                    self.target_port[r, color, k] = int(port.opposite)
+                else:
+                    self.target_kind[r, color, k] = TO_EDGE
+            self.output_mask[r, color] = mask
+            self.n_targets[r, color] = len(outs)
+
+    def port(self, edge: str, index: int) -> tuple[int, int]:
+        """(boundary router, port code) of edge port ``(edge, index)``."""
+        W, H = self.config.width, self.config.height
+        x, y = {"N": (index, 0), "S": (index, H - 1), "W": (0, index), "E": (W - 1, index)}[edge]
+        return y * W + x, int(_EDGE_PORT[edge])
+
+    def routes(self) -> Routes:
+        """The tables and the queue depths, as the compiled replay takes them."""
+        cfg = self.config
+        return Routes(self.input_port, self.output_mask, self.n_targets, self.target_kind, self.target,
+                      self.target_port, cfg.router_depth, cfg.rx_depth, cfg.tx_depth)
+
+
+class Routes(NamedTuple):
+    """The route tables of a :class:`Network` and the fabric's queue depths (read-only)."""
+
+    input_port: np.ndarray
+    output_mask: np.ndarray
+    n_targets: np.ndarray
+    target_kind: np.ndarray
+    target: np.ndarray
+    target_port: np.ndarray
+    router_depth: int
+    rx_depth: int
+    tx_depth: int

@@ -1,0 +1,185 @@
+"""The static cycle model's fast path: skipping proven periods of the replay
+gives the same cycles as the full replay and as the golden model; a replay
+that can never finish reports a hang at once, as the golden model does.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wse.config import FabricConfig, Port
+from wse.firmware.training.timing import END
+from wse.host.compiler import compile_model, replay_periods, trace
+from wse.host.compiler.cycles import Network, phase_ops, phase_injections, replay
+from wse.host.compiler.weight_streaming import plan
+from wse.host.runtime import Runtime
+from wse.host.runtime.golden import GoldenBackend
+from wse.sim.golden import Fabric, FabricHang
+
+
+def mlp(*sizes):
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+@pytest.fixture
+def skips(monkeypatch):
+    """The periods the fast path skipped, as (period cycles, repeats)."""
+    taken = []
+    real = replay_periods._skip
+
+    def spy(first, second, *args):
+        m = real(first, second, *args)
+        if m:
+            taken.append((second["t"] - first["t"], m))
+        return m
+    monkeypatch.setattr(replay_periods, "_skip", spy)
+    return taken
+
+
+# mesh (W, H), layer sizes, batch: square and non-square meshes, one row, one
+# column, uneven token blocks (7 tokens on 3 columns: 3, 2, 2), fewer tokens than columns.
+MESHES = [
+    ((2, 2), (6, 48, 40, 3), 8),
+    ((3, 2), (5, 36, 30, 4), 7),
+    ((2, 3), (7, 45, 39, 5), 6),
+    ((4, 1), (5, 24, 20, 3), 9),
+    ((1, 3), (4, 30, 33, 3), 5),
+    ((5, 2), (6, 32, 26, 3), 3),
+]
+
+
+@pytest.mark.parametrize("mesh,sizes,batch", MESHES, ids=[f"{m[0]}x{m[1]}-b{b}" for m, _, b in MESHES])
+def test_fast_path_equals_the_full_replay(mesh, sizes, batch, skips):
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])),
+                    FabricConfig(width=mesh[0], height=mesh[1]), batch)
+    network = Network(exe_plan.config, exe_plan.routes)
+    for name, phase in exe_plan.phases.items():
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        fast = replay(network, ops, starts, ends, inject)
+        assert fast == replay(network, ops, starts, ends, inject, periods=False), name
+    assert skips, "no period was skipped: the fast path was not exercised"
+
+
+def test_fast_path_equals_golden_cycles(skips):
+    """A phase of many rounds: the skipped replay's cycles are the golden model's, phase by phase."""
+    batch, mesh = 6, (3, 2)
+    torch.manual_seed(0)
+    model = mlp(5, 40, 4)
+    exe = compile_model(model, torch.randn(batch, 5), batch=batch,
+                        config=FabricConfig(width=mesh[0], height=mesh[1]))
+    assert skips
+    backend = GoldenBackend(exe)
+    backend.load()
+    runtime = Runtime(exe, "functional")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((batch, 5)).astype(np.float32)
+    backend._copy_in(runtime._host(x, rng.integers(0, 4, batch)))
+    weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in exe.parameters().items()}
+    for name in exe.sequences["train"]:
+        assert backend.run_phase(name, weights, {}) == exe.phases[name].cycles, name
+
+
+def test_the_rotation_phase_is_checked(monkeypatch):
+    """With every grant counted as depending on the color rotation, only periods
+    that are multiples of ``colors`` are skipped, and the counts stay exact."""
+    periods = []
+    real = replay_periods._skip
+
+    def spy(first, second, *args):
+        m = real(first, second, *args)
+        if m:
+            periods.append(second["t"] - first["t"])
+        return m
+    monkeypatch.setattr(replay_periods, "_skip", spy)
+    monkeypatch.setattr(replay_periods, "_same", lambda a, b: all(
+        np.array_equal(a["rel"][k], b["rel"][k]) for k in a["rel"]))
+    torch.manual_seed(0)
+    config = FabricConfig(width=2, height=2, colors=7)
+    exe_plan = plan(trace(mlp(6, 60, 3), torch.randn(4, 6)), config, 4)
+    network = Network(config, exe_plan.routes)
+    for phase in exe_plan.phases.values():
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        assert replay(network, ops, starts, ends, inject) == replay(network, ops, starts, ends, inject,
+                                                                     periods=False)
+    assert periods and all(p % 7 == 0 for p in periods)
+
+
+# Hangs ---------------------------------------------------------------------------------
+
+def _idle_ops(config):
+    n = config.width * config.height
+    return np.array([(END, 0, 0, 0, 0, 0)], dtype=np.int64), np.zeros(n, np.int64), np.ones(n, np.int64)
+
+
+def _golden_hangs(config, routes, edge, index, color, n):
+    fab = Fabric(config)
+    fab.load_routes(routes)
+    fab.stream_in(edge, index, color, np.arange(n, dtype=np.uint32))
+    with pytest.raises(FabricHang):
+        fab.run(max_cycles=10_000)
+
+
+@pytest.mark.parametrize("periods", [True, False])
+def test_wavelets_that_can_never_enter_the_fabric_are_a_hang(periods):
+    """An edge port holding wavelets of a color no route takes from it: the
+    golden model reports a hang, and so does the replay, at once (not after ``limit``)."""
+    config = FabricConfig(width=2, height=2, colors=4)
+    routes = [(0, 0, 2, Port.W, (Port.RAMP,))]           # color 2 is routed from W; color 1 is not
+    _golden_hangs(config, routes, "W", 0, 1, 3)
+    ops, starts, ends = _idle_ops(config)
+    began = time.perf_counter()
+    with pytest.raises(RuntimeError, match="hung"):
+        replay(Network(config, routes), ops, starts, ends, {("W", 0): {1: 3}}, periods=periods)
+    assert time.perf_counter() - began < 5
+
+
+def test_wavelets_left_in_an_input_queue_are_a_hang():
+    """Wavelets delivered to a PE that never takes them: the golden model hangs, so does the replay."""
+    config = FabricConfig(width=2, height=1, colors=4, rx_depth=4)
+    routes = [(0, 0, 1, Port.W, (Port.RAMP,))]
+    _golden_hangs(config, routes, "W", 0, 1, 2)
+    ops, starts, ends = _idle_ops(config)
+    with pytest.raises(RuntimeError, match="hung"):
+        replay(Network(config, routes), ops, starts, ends, {("W", 0): {1: 2}})
+
+
+# Cycles on demand ----------------------------------------------------------------------
+
+def test_a_compile_without_cycles_gets_them_later_from_the_executable():
+    from wse.host.compiler.codegen import generate
+    from wse.host.compiler.cycles import executable_cycles
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(5, 24, 20, 3), torch.randn(7, 5)), FabricConfig(width=3, height=2), 7)
+    full = generate(exe_plan)
+    bare = generate(exe_plan, cycles=False)
+    assert all(phase.cycles == 0 for phase in bare.phases.values())
+    assert executable_cycles(bare) == {name: phase.cycles for name, phase in full.phases.items()}
+    assert all(full.phases[name].cycles > 0 for name in full.phases)
+
+
+def test_progress_is_quiet_when_quick_and_writes_lines_off_a_terminal():
+    import io
+
+    from wse.host.compiler.progress import Progress
+    quiet = io.StringIO()
+    with Progress("cycle model", 3, stream=quiet) as bar:
+        for name in "abc":
+            bar.step(name)
+    assert quiet.getvalue() == ""
+    log = io.StringIO()
+    with Progress("cycle model", 3, after=0, every=0, stream=log) as bar:
+        for name in ("fwd fc1", "loss", "bwd fc1"):
+            bar.step(name)
+    assert log.getvalue().splitlines()[0].startswith("cycle model: 1/3 fwd fc1 (")
+    assert len(log.getvalue().splitlines()) == 3
