@@ -301,7 +301,7 @@ def test_executable_of_another_version_is_a_usage_error_naming_both_versions(tmp
                                              f"format version {VERSION}"):
             Executable.load(tmp_path / "other.wse")
     _rewrite_manifest(tmp_path / "current.wse", tmp_path / "mode.wse", mode="teleport")
-    with pytest.raises(UsageError, match="execution mode must be one of weight_streaming, pipelined, not 'teleport'"):
+    with pytest.raises(UsageError, match="execution mode must be one of pipelined, weight_streaming, not 'teleport'"):
         Executable.load(tmp_path / "mode.wse")
     # Through the command line (a subcommand that loads an executable): one line on stderr, exit code 2.
     monkeypatch.setitem(cli.COMMANDS, "load", (__name__, "_load_main", "load an executable"))
