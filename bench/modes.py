@@ -25,17 +25,34 @@ costs no fabric cycles):
   update's cycles, the FMAC utilization of the backward steady state, and
   the cycles per sample of a batch of ``ws_batch`` run in passes of at most
   ``b2`` (fill and drain of every pass, the update once);
-* ``weight_streaming`` training: the cycles of all phases of a step per sample;
+  the steady-state FMAC utilization of forward, backward and both (the
+  model's multiply-adds over PEs times the steady cycles per sample), and the
+  whole step's (every phase's FMACs, padding included, over PEs times the
+  step's cycles);
+* ``weight_streaming`` training: the cycles of all phases of a step per sample,
+  the whole step's FMAC utilization and that of its streamed GEMM phases;
 
-and the ratio of the two.
+and the ratio of the two. Last, the host's time for one training step of
+FC-MNIST (``examples/fc_mnist.py``, batch 64, 16x16) on the functional
+backend in each mode, as ``wse train`` takes it (``OneSystem.step``: for weight
+streaming the runtime's step and MemoryX's optimizer step; for the pipelined
+mode the runtime's step with the update on the PEs), the same batches timed in
+alternating blocks over several rounds (medians), and their ratio (baseline:
+weight streaming, in the same run).
 
-Usage: python bench/modes.py
+Usage: python bench/modes.py [--skip-cycles] [--steps 10] [--rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -111,17 +128,34 @@ def measure_training(name: str, graph, macs: int, config: FabricConfig, exe, ws_
     cp = phase_cycles(plan(graph, config, per_pass, OPTIMIZER))
     step = passes * cp["forward"] + cp["backward_first"] + (passes - 1) * cp["backward"] + cp["update"]
     backward_macs = 2 * macs - graph_first_layer_macs(graph)
+    pes = config.num_pes
+    pp = plan(graph, config, per_pass, OPTIMIZER)
+    step_fmacs = sum(int(pe_fmacs(pp, phase).sum()) * count for phase, count in
+                     (("forward", passes), ("backward_first", 1), ("backward", passes - 1), ("update", 1)))
     print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "training": True,
                       "batches": [b1, b2], "forward_cycles": [c1["forward"], c2["forward"]],
                       "backward_cycles": [c1["backward"], c2["backward"]], "update_cycles": c2["update"],
                       "forward_cycles_per_sample": round(fwd, 1), "backward_cycles_per_sample": round(bwd, 1),
-                      "fmac_utilization_backward_steady": round(backward_macs / (config.num_pes * bwd), 3),
-                      "batch": ws_batch, "passes": passes, "step_cycles": step,
+                      "fmac_utilization_forward_steady": round(macs / (pes * fwd), 3),
+                      "fmac_utilization_backward_steady": round(backward_macs / (pes * bwd), 3),
+                      "fmac_utilization_steady": round((macs + backward_macs) / (pes * (fwd + bwd)), 3),
+                      "batch": ws_batch, "passes": passes, "samples_per_pass": per_pass, "step_cycles": step,
                       "step_cycles_per_sample": round(step / ws_batch, 1),
+                      "fmac_utilization_step": round(step_fmacs / (pes * step), 3),
                       "bubble_fraction_step": round(1 - ws_batch * (fwd + bwd) / step, 3)}))
-    ws = sum(exe.phases[phase].cycles for phase in exe.sequences["train"])
+    train = exe.sequences["train"]
+    ws = sum(exe.phases[phase].cycles for phase in train)
+    ws_fmacs = sum(exe.phases[phase].fmacs for phase in train)
+    gemm = [phase for phase in train if exe.phases[phase].group in exe.layout.gemm_groups]
+    gemm_cycles = sum(exe.phases[phase].cycles for phase in gemm)
     print(json.dumps({"model": name, "mesh": config.mesh, "mode": "weight_streaming", "training": True,
-                      "batch": ws_batch, "step_cycles": ws, "step_cycles_per_sample": round(ws / ws_batch, 1)}))
+                      "batch": ws_batch, "step_cycles": ws, "step_cycles_per_sample": round(ws / ws_batch, 1),
+                      "fmac_utilization_step": round(ws_fmacs / (pes * ws), 3),
+                      "fmac_utilization_gemm_phases": round(sum(exe.phases[p].fmacs for p in gemm)
+                                                            / (pes * gemm_cycles), 3),
+                      "bubble_fraction_step": None,
+                      "note": "phases run one after another over the whole mesh: no pipeline to fill; "
+                              "the non-GEMM phases (loss, transfers) are its overhead"}))
     print(json.dumps({"model": name, "training_pipelined_over_weight_streaming_cycles_per_sample":
                       round(step / ws, 3)}))
 
@@ -133,12 +167,55 @@ def graph_first_layer_macs(graph) -> int:
     return layer.k * layer.o
 
 
-def main() -> None:
-    """Run the comparison for FC-MNIST and a small model on 16x16."""
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fc_mnist.py"
+
+
+def measure_step_time(steps: int, rounds: int, warmup: int = 2) -> None:
+    """Print the functional backend's seconds per FC-MNIST step in both modes (see the module docstring)."""
+    from wse.host.appliance import TrainConfig, prepare
+    from wse.host.appliance.engines import OneSystem
+    engines = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for mode in ("weight-streaming", "pipelined"):
+            # prepare() compiles and loads everything but writes nothing; the folder is never created.
+            run = prepare(TrainConfig(str(EXAMPLE), out=Path(scratch) / mode, backend="functional", mesh="16x16",
+                                      batch=64, mode=mode))
+            engines[mode] = (OneSystem(run.runtime, run.memoryx, run.executable), run.batches)
+    torch.set_num_threads(1)            # as the appliance runs the host optimizer
+    times: dict[str, list[float]] = {mode: [] for mode in engines}
+    for mode, (engine, batches) in engines.items():
+        for _ in range(warmup):
+            engine.step(*batches.next_batch())
+    for _ in range(rounds):
+        for mode, (engine, batches) in engines.items():
+            data = [batches.next_batch() for _ in range(steps)]
+            for x, y in data:
+                start = time.perf_counter()
+                engine.step(x, y)
+                times[mode].append(time.perf_counter() - start)
+    median = {mode: statistics.median(t) for mode, t in times.items()}
+    for mode, t in median.items():
+        print(json.dumps({"model": "fc_mnist 784-256-256-10", "mesh": "16x16", "mode": mode.replace("-", "_"),
+                          "backend": "functional", "batch": 64, "host_step_s": round(t, 4),
+                          "steps_timed": len(times[mode])}))
+    print(json.dumps({"model": "fc_mnist 784-256-256-10", "functional_step_pipelined_over_weight_streaming":
+                      round(median["pipelined"] / median["weight-streaming"], 2), "target": 2.0}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the comparison for FC-MNIST and a small model on 16x16, then the host step times."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-cycles", action="store_true", help="only the host step times")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
-    config = FabricConfig(width=16, height=16)
-    measure("fc_mnist 784-256-256-10", (784, 256, 256, 10), config, 64)
-    measure("digits 64-32-10", (64, 32, 10), config, 64)
+    np.random.seed(0)
+    if not args.skip_cycles:
+        config = FabricConfig(width=16, height=16)
+        measure("fc_mnist 784-256-256-10", (784, 256, 256, 10), config, 64)
+        measure("digits 64-32-10", (64, 32, 10), config, 64)
+    measure_step_time(max(1, args.steps), max(1, args.rounds))
 
 
 if __name__ == "__main__":

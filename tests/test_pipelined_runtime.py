@@ -157,3 +157,25 @@ def test_bad_mode_input_exits_2_with_one_line_and_writes_nothing(job, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(expected, err), err
     assert not out.exists()
+
+
+def test_step_utilization_counts_every_run_of_a_phase():
+    from wse.host.appliance.loop import step_utilization
+    torch.manual_seed(0)
+    fc = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    exe = compile_model(fc, torch.zeros(1, 784), config=FabricConfig(width=16, height=16), batch=64,
+                        mode="pipelined", optimizer=OptimizerConfig("sgd", lr=0.05, momentum=0.9))
+    seq = exe.sequences["train"]
+    assert seq.count("forward") == 3           # passes of 22, 22 and 20 samples
+    rt = Runtime(exe, "functional")
+    rt.write_state({k: v.detach().numpy() for k, v in fc.state_dict().items()})
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 784)).astype(np.float32), rng.integers(0, 10, 64)
+    for step, update in enumerate(("update_first", "update")):
+        result = rt.train_step(x, y)
+        names = [update if name == "update" else name for name in seq]
+        fmacs = sum(exe.phases[name].fmacs for name in names)
+        cycles = sum(exe.phases[name].cycles for name in names)
+        assert result.cycles == cycles
+        util = step_utilization(exe, result.phases, result.cycles)
+        assert util == fmacs / (exe.config.num_pes * cycles) and 0.5 < util < 0.6, step

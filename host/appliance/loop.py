@@ -4,8 +4,10 @@ The loop streams each mini-batch through the fabric by way of an
 :class:`~wse.host.appliance.engines.Engine` (one system's whole step, or its
 share of a SwarmX data-parallel step, in this process or under
 ``torchrun``), evaluates on the test split after each epoch
-(``Runtime.forward``, :func:`~wse.host.appliance.evaluation.evaluate`) and
-checkpoints. Every system runs the loop and takes every step; system 0
+(``Runtime.forward``, :func:`~wse.host.appliance.evaluation.evaluate`; a run
+on a cycle-level backend, the golden model or the RTL, evaluates on the
+functional backend, the same bits, and says so) and checkpoints. A step on
+the golden model prints a progress line every 10 seconds. Every system runs the loop and takes every step; system 0
 (``engine.root``) evaluates and writes the log, the TensorBoard scalars, the
 checkpoints and the summary.
 
@@ -29,7 +31,7 @@ from .engines import Engine, describe_launch
 from .evaluation import evaluate
 from .folder import LOG_NAME, TENSORBOARD_DIR
 from .options import Settings
-from .pictures import FirstStep
+from .pictures import FirstStep, golden_device
 from .preparation import Prepared
 from .report import Progress, RunSummary, Scalars, finish_run, systems_report
 
@@ -73,20 +75,68 @@ def step_utilization(executable, phases: dict, cycles: int) -> float | None:
 
     The runtime's ``fmac_utilization`` counts the streamed GEMM phases only
     (their FMACs over their cycles); this one also counts the cycles of the
-    other phases (loss, activations' derivatives, transfers). None for an
-    executable without compiled phases."""
+    other phases (loss, activations' derivatives, transfers). ``phases`` gives
+    each phase's cycles summed over its runs (a layer-pipelined step runs its
+    forward and backward phases once per pass), so each phase's FMACs count
+    once per run. None for an executable without compiled phases."""
     if not hasattr(executable, "phases") or not hasattr(executable, "config"):
         return None
-    fmacs = sum(int(executable.phases[name].fmacs) for name in phases if name in executable.phases)
+    fmacs = 0
+    for name, count in phases.items():
+        phase = executable.phases.get(name)
+        if phase is not None:
+            runs = round(int(count) / int(phase.cycles)) if phase.cycles else 1
+            fmacs += int(phase.fmacs) * runs
     return float(fmacs / (executable.config.num_pes * cycles)) if cycles else 0.0
+
+
+class _Lines:
+    """A text stream whose lines go through :meth:`Progress.message` (under a bar, in the log, or nowhere)."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self._part = progress, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._part = (self._part + text).split("\n")
+        for line in lines:
+            self.progress.message(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _step_cycles(executable) -> int | None:
+    """A training step's cycles by the static cycle model (None when the executable has no phases)."""
+    try:
+        return int(sum(executable.phases[name].cycles for name in executable.sequences["train"]))
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _eval_runtime(p: Prepared, progress: Progress):
+    """The runtime that evaluates: the run's own, or for a cycle-level backend (the golden model,
+    the RTL) the functional backend, which computes the same logits bit for bit in a fraction
+    of the time (said in one line)."""
+    if p.settings.backend == "functional":
+        return p.runtime
+    from . import preparation      # the one factory of runtimes (its module attribute, as tests replace it)
+
+    progress.message(f"evaluation: on the functional backend (the same bits as the {p.settings.backend} "
+                     "backend's forward pass, without simulating its cycles)")
+    return preparation._open_runtime(p.executable, "functional")
 
 
 def _take_step(p: Prepared, engine: Engine, trainer: dict, progress: Progress, scalars: Scalars) -> float:
     """Train on the next batch, record the step in ``trainer`` and report it; the seconds the step took."""
+    from wse.sim.golden.progress import reporting
+
     xb, yb = p.batches.next_batch()
     tick = time.perf_counter()
+    what = f"golden model, step {trainer['step'] + 1}"
     try:
-        result = engine.step(xb, yb)
+        with reporting(golden_device(engine), what, _step_cycles(p.executable), stream=_Lines(progress)):
+            result = engine.step(xb, yb)
     except NonFiniteGradientError as exc:
         error = type(exc)(f"step {trainer['step'] + 1}: {exc}")
         error.echo = getattr(exc, "echo", False)
@@ -118,14 +168,16 @@ def _take_step(p: Prepared, engine: Engine, trainer: dict, progress: Progress, s
 
 
 def _end_epoch(p: Prepared, engine: Engine, trainer: dict, progress: Progress, scalars: Scalars,
-               wall: Callable[[], float]) -> tuple[float, float] | None:
+               wall: Callable[[], float], evaluator) -> tuple[float, float] | None:
     """Evaluate the weights at the end of an epoch; system 0 records and reports the epoch and returns
-    ``(test loss, test accuracy)``, the others None. ``wall()`` gives the run's wall-clock seconds."""
+    ``(test loss, test accuracy)``, the others None. ``wall()`` gives the run's wall-clock seconds;
+    ``evaluator`` is the runtime that evaluates (:func:`_eval_runtime`)."""
     epoch, step, batch = p.batches.epoch, trainer["step"], p.settings.batch   # the epoch just finished, from 1
     weights = engine.weights()
     if not engine.root:
         return None
-    test = evaluate(p.runtime, weights, *p.test_data, batch)
+    test = evaluate(evaluator, weights, *p.test_data, batch, what="evaluation of the test split",
+                    stream=_Lines(progress))
     record = _epoch_record(trainer, epoch, p.steps_per_epoch, batch, test, wall())
     trainer["epochs"].append(record)
     scalars.add(step, {"epoch/train_loss": record["train_loss"], "epoch/train_accuracy": record["train_accuracy"],
@@ -140,6 +192,8 @@ def _first_pictures(first: FirstStep, trainer: dict, progress: Progress, scalars
     """Write the first step's pictures (golden model) and show where they are."""
     if not first.active:
         return
+    progress.message(f"pictures of step 1: drawing {len(trainer['phases'])} phases x (fmac, stalls, links) and "
+                     "the timeline")
     index = first.finish(trainer["phases"])
     for phase, paths in index["phases"].items():
         scalars.add_image(1, f"fabric/fmac_utilization/{phase}", paths["fmac"])
@@ -195,8 +249,9 @@ def train_loop(prepared: Prepared, engine: Engine, *, stream=None) -> RunSummary
                          f"{describe_launch(engine)}, batch {s.batch}, {total} steps ({spe} per epoch)"
                          + (f", resumed at step {resumed_from}" if resumed_from is not None else ""))
         last_eval: tuple[float, float] | None = None
+        evaluator = _eval_runtime(p, progress) if root else None
         evaluated = False
-        first = FirstStep(engine, out) if root and trainer["step"] == 0 else None
+        first = FirstStep(engine, out, p.config.trace) if root and trainer["step"] == 0 else None
         if first is not None and not first.active:
             progress.message(f"pictures: none for the {s.backend} backend (per-PE heatmaps and the timeline "
                              "of the first step need --backend golden)")
@@ -209,7 +264,7 @@ def train_loop(prepared: Prepared, engine: Engine, *, stream=None) -> RunSummary
             last_eval, evaluated = None, False
             epoch_end = p.batches.position == 0
             if epoch_end:
-                last_eval, evaluated = _end_epoch(p, engine, trainer, progress, scalars, wall), True
+                last_eval, evaluated = _end_epoch(p, engine, trainer, progress, scalars, wall, evaluator), True
             every = p.config.checkpoint_every
             if epoch_end or step == total or (every and step % every == 0):
                 trainer.update(epoch=p.batches.epoch, batches=p.batches.state(), torch_rng=encode_rng_state(),
@@ -218,8 +273,11 @@ def train_loop(prepared: Prepared, engine: Engine, *, stream=None) -> RunSummary
                                                                          keep=p.config.keep_checkpoints))
         weights = engine.weights() if not evaluated or p.config.eval_train else None
         if root:
-            test_loss, test_acc = last_eval or evaluate(p.runtime, weights, *p.test_data, s.batch)
-            train_acc = evaluate(p.runtime, weights, *p.train_data, s.batch)[1] if p.config.eval_train else None
+            lines = _Lines(progress)
+            test_loss, test_acc = last_eval or evaluate(evaluator, weights, *p.test_data, s.batch,
+                                                        what="evaluation of the test split", stream=lines)
+            train_acc = evaluate(evaluator, weights, *p.train_data, s.batch, what="evaluation of the "
+                                 "training split", stream=lines)[1] if p.config.eval_train else None
         trainer["steps_per_s_after_first"] = progress.rate(trainer["step"])
     finally:
         progress.close()

@@ -72,7 +72,10 @@ class OnChipOptimizer:
 
 
 def samples_in_flight(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> int:
-    """The largest number of samples per pass, at most ``batch``, whose plan fits PE memory.
+    """Samples per pass for steps of ``batch``: the fewest passes whose plan fits PE
+    memory, with the samples dealt evenly over them (``ceil(batch / passes)``), so
+    the last pass carries as little padding as it can (64 samples with at most
+    30 in flight: passes of 22, 22 and 20, not 30, 30 and 4).
 
     Raises
     ------
@@ -93,7 +96,7 @@ def samples_in_flight(graph: Graph, config: FabricConfig, batch: int, optimizer=
             low = mid
         except FitError:
             high = mid - 1
-    return low
+    return -(-int(batch) // passes_of(int(batch), low))
 
 
 def passes_of(batch: int, in_flight: int) -> int:

@@ -21,10 +21,11 @@ from typing import Mapping
 
 import numpy as np
 
-from wse.firmware.training import numerics
 from wse.firmware.training.pipe import T_RUN, pipelined_program
 from wse.sim.devices import make_device
 
+from . import pipelined_kernels as pk
+from .kernels import relu_mask, softmax_delta
 from .loss import mean_cross_entropy
 
 __all__ = ["PipelinedDevice", "PipelinedFunctional", "functional_forward", "functional_backward",
@@ -39,64 +40,42 @@ def _ftz(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _layer_forward(region, w: np.ndarray, b: np.ndarray | None, relu: bool, act: np.ndarray) -> np.ndarray:
-    """One layer on ``act [batch, k]`` in ``pipe.s``'s order: per output line, each
-    input line's partial sum ``P = W[o, k0] x[k0] + W[o, k1] x[k1] + ...`` (one
-    rounding per operation), the chain ``y = ((P_0 + P_1) + ...) + b``, then the ReLU."""
-    out = np.zeros((act.shape[0], region.o), dtype=np.float32)
-    for block in region.out_blocks():
-        outs = np.asarray(block)
-        y = None
-        for ins in region.in_blocks():
-            ins = np.asarray(ins)
-            wt = w[np.ix_(outs, ins)]
-            part = _ftz(act[:, ins[0], None] * wt[None, :, 0])
-            for j in range(1, len(ins)):
-                part = _ftz(part + _ftz(act[:, ins[j], None] * wt[None, :, j]))
-            y = part if y is None else _ftz(y + part)
-        if b is not None:
-            y = _ftz(y + b[outs][None, :])
-        if relu:
-            y = np.maximum(y, np.float32(0.0))
-            y[y == 0] = np.float32(0.0)     # fmaxs(-0, +0) is +0 on the fabric
-        out[:, outs] = y
-    return out
+def _flushed(values) -> np.ndarray:
+    """``values`` as float32 with subnormals flushed: the array itself when it holds none (no copy)."""
+    values = np.asarray(values, dtype=np.float32)
+    return _ftz(values) if pk.has_subnormal(values) else values
 
 
 def functional_forward(plan, weights: Mapping[str, np.ndarray], x: np.ndarray) -> list[np.ndarray]:
     """Every layer's output ``[batch, o]`` for the batch ``x [batch, features]``
     (the last one the logits), bit for bit as the fabric computes them."""
-    act = _ftz(np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1))
+    act = _flushed(np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1))
     outs = []
     for layer, region in zip(plan.layers, plan.regions):
-        b = _ftz(weights[layer.bias]) if layer.bias is not None else None
-        act = _layer_forward(region, _ftz(weights[layer.weight]), b, layer.relu, act)
+        b = _flushed(weights[layer.bias]) if layer.bias is not None else None
+        act = pk.forward(region, _flushed(weights[layer.weight]), b, layer.relu, act)
         outs.append(act)
     return outs
 
 
 def _mask(dy: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """``mul(mul(dy, max(mul(ys, -2^127), -1)), -1)``: ``dy`` where ``ys > 0``, a zero where ``ys == +0``."""
-    with np.errstate(over="ignore"):
-        mk = _ftz(ys * np.float32(-2.0 ** 127))
-    mk = np.maximum(mk, np.float32(-1.0))
-    return _ftz(_ftz(dy * mk) * np.float32(-1.0))
+    return relu_mask(ys, dy)
 
 
 def loss_delta(plan, logits: np.ndarray, y: np.ndarray, real: int, n: int) -> np.ndarray:
     """The softmax cross-entropy delta ``[batch, classes]`` of one pass's ``logits``
     for labels ``y`` of its first ``real`` samples (the rest padding), scaled by
     ``1/n`` for a batch of ``n`` samples, in the order of
-    :func:`wse.firmware.training.numerics.softmax_delta`; through the ReLU mask if
+    :func:`wse.firmware.training.numerics.softmax_delta` (its compiled loop,
+    :func:`wse.host.runtime.kernels.softmax_delta`); through the ReLU mask if
     the model ends in one. The host computes it and writes it where the logits were."""
     batch, classes = logits.shape
     onehot = np.zeros((classes, batch), dtype=np.float32)
     onehot[np.asarray(y[:real]), np.arange(real)] = 1.0
     scale = np.zeros(batch, dtype=np.float32)
     scale[:real] = np.float32(1.0) / np.float32(n)
-    z = np.ascontiguousarray(logits.T).view(np.uint32)
-    delta = numerics.softmax_delta(z, onehot.view(np.uint32), scale.view(np.uint32)).view(np.float32).T
-    delta = np.ascontiguousarray(delta)
+    delta = np.ascontiguousarray(softmax_delta(np.ascontiguousarray(logits.T), onehot, scale).T)
     return _mask(delta, logits) if plan.layers[-1].relu else delta
 
 
@@ -113,7 +92,7 @@ def functional_backward(plan, weights: Mapping[str, np.ndarray], x: np.ndarray, 
     * the input gradient: per output line ``p``, ``D_p[k] = +0 + W[o0, k] dz[o0] + W[o1, k] dz[o1] + ...``
       over the line's outputs, then ``dx = ((D_{n-1} + D_{n-2}) + ...) + D_0``.
     """
-    acts = [_ftz(np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1))] + list(outs[:-1])
+    acts = [_flushed(np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1))] + list(outs[:-1])
     before = grads or {}
     grads = {}
     dz = np.asarray(delta, dtype=np.float32)
@@ -122,23 +101,16 @@ def functional_backward(plan, weights: Mapping[str, np.ndarray], x: np.ndarray, 
         if l < len(plan.layers) - 1 and layer.relu:
             dz = _mask(dz, outs[l])
         xin = acts[l]
-        g = before.get(layer.weight, np.zeros((region.o, region.k), dtype=np.float32))
-        db = before.get(layer.bias, np.zeros(region.o, dtype=np.float32))
-        for s in range(dz.shape[0]):
-            g = _ftz(g + _ftz(dz[s][:, None] * xin[s][None, :]))
-            db = _ftz(db + dz[s])
+        g = np.array(before[layer.weight], dtype=np.float32) if layer.weight in before else \
+            np.zeros((region.o, region.k), dtype=np.float32)
+        db = np.array(before[layer.bias], dtype=np.float32) if layer.bias in before else \
+            np.zeros(region.o, dtype=np.float32)
+        pk.weight_gradients(dz, xin, g, db)
         grads[layer.weight] = g
         if layer.bias is not None:
             grads[layer.bias] = db
         if l:
-            w = _ftz(np.asarray(weights[layer.weight], dtype=np.float32))
-            dx = None
-            for block in reversed(region.out_blocks()):
-                part = np.zeros((dz.shape[0], region.k), dtype=np.float32)
-                for o in block:
-                    part = _ftz(part + _ftz(w[o][None, :] * dz[:, o, None]))
-                dx = part if dx is None else _ftz(dx + part)
-            dz = dx
+            dz = pk.input_gradient(region, _flushed(weights[layer.weight]), dz)
     return grads
 
 
@@ -147,20 +119,10 @@ def functional_update(plan, params: dict, grads: Mapping[str, np.ndarray], state
     with ``grads``, as ``pupd`` computes it; ``state`` holds the momentum
     buffers by parameter name (filled on the ``first`` step)."""
     h = plan.optimizer.hyper
-    wd, mu = np.float32(h["weight_decay"]), np.float32(h["momentum"])
-    damp, mlr = np.float32(1 - h["dampening"]), np.float32(-h["lr"])
     for name, w in params.items():
-        g = np.array(grads[name], dtype=np.float32)
-        if h["weight_decay"] != 0:
-            g = _ftz(g + _ftz(w * wd))
-        if h["momentum"] != 0:
-            if first:
-                buf = g.copy()
-            else:
-                buf = _ftz(_ftz(state[name] * mu) + _ftz(g * damp))
+        buf = pk.sgd_update(w, grads[name], state.get(name), h, first)
+        if buf is not None:
             state[name] = buf
-            g = _ftz(g + _ftz(buf * mu)) if h["nesterov"] else buf
-        w[...] = _ftz(w + _ftz(g * mlr))
 
 
 class PipelinedFunctional:
