@@ -52,6 +52,8 @@ bench: setup
 	$(PY) bench/golden_speed.py
 	$(PY) bench/train_speed.py
 	$(PY) bench/sim_speed.py
+	$(PY) bench/trace_cost.py
+	$(PY) bench/progress_cost.py
 
 # ruff, then the import layers (wse/layers.py: the import-linter contracts of pyproject.toml).
 lint: setup

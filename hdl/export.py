@@ -154,10 +154,11 @@ def _columns(cells: dict[str, int]) -> dict[str, int]:
     return {column: sum(cells.get(t, 0) for t in types) for column, types in _RESOURCES.items()}
 
 
-def _heartbeat(label: str, start: float, done: threading.Event, every: float = 10.0) -> None:
+def _heartbeat(label: str, start: float, done: threading.Event, every: float = 10.0,
+               verb: str = "synthesizing") -> None:
     """A line on stderr every ``every`` seconds until ``done`` (a long yosys run is not silent)."""
     while not done.wait(every):
-        print(f"  ... synthesizing the {label}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+        print(f"  ... {verb} the {label}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 def synth_report(config: FabricConfig, out_dir) -> Path:
@@ -227,7 +228,16 @@ def main(argv=None) -> int:
             print(report.read_text(), end="")
             print(f"wrote {report}")
             return 0
-        path = export_verilog(config, args.output or "build/verilog")
+        print(f"exporting the {config.mesh} mesh as Verilog", file=sys.stderr, flush=True)
+        done = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(f"{config.mesh} mesh", time.monotonic(), done),
+                                kwargs={"verb": "exporting"}, daemon=True)
+        beat.start()
+        try:
+            path = export_verilog(config, args.output or "build/verilog")
+        finally:
+            done.set()
+            beat.join()
         print(f"wrote {path}")
         if args.lint:
             clean, output = lint(path)

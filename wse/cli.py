@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "kernel": ("wse.sim.runner", "main", "run a library kernel on random data and check it"),
     "train": ("wse.host.appliance.cli", "main", "train a PyTorch model on the fabric"),
     "report": ("wse.host.appliance.runreport", "main", "the one-page report of a training run: wse report RUN"),
+    "trace": ("wse.host.appliance.phasetrace", "main", "record one phase of a training step on the golden model"),
 }
 
 

@@ -7,8 +7,9 @@ golden``), the first step of a fresh run is recorded
 * ``<phase>_fmac.png``, ``<phase>_stalls.png``, ``<phase>_links.png`` for
   each phase of the step (``docs/pictures.md``; ``fwd fc1`` is written
   ``fwd_fc1``);
-* ``step1_trace.json``: the step's timeline, one slice per phase on the
-  ``phases`` track, for ui.perfetto.dev.
+* ``step1_trace.json`` (or the file of ``wse train --trace FILE``): the
+  step's timeline, one slice per phase on the ``phases`` track, for
+  ui.perfetto.dev.
 
 The cycle window of every phase (for GTKWave or the timeline) goes to
 ``pictures/phases.json``. Other backends count no per-PE events; the run
@@ -24,20 +25,22 @@ import numpy as np
 
 from wse.atomic import atomic_open
 
-__all__ = ["PICTURES_DIR", "FirstStep"]
+__all__ = ["PICTURES_DIR", "FirstStep", "file_prefix", "golden_device"]
 
 #: The run folder's subfolder of pictures.
 PICTURES_DIR = "pictures"
 
 
-def _fabric(engine):
+def golden_device(engine):
+    """The golden fabric that ``engine``'s runtime drives (loaded on first use), or None for
+    other backends (functional, RTL) and engines without a runtime of their own."""
     backend = getattr(getattr(engine, "runtime", None), "backend", None)
     if backend is None or not hasattr(backend, "make_device"):
-        return None, None
+        return None
     if backend.device is None:
         backend.load()
     device = backend.device
-    return (device, backend) if hasattr(device, "record") else (None, None)
+    return device if hasattr(device, "record") else None
 
 
 def _hot_spots(rec, top: int = 3) -> dict:
@@ -70,7 +73,7 @@ def _hot_spots(rec, top: int = 3) -> dict:
     return out
 
 
-def _file_name(label: str) -> str:
+def file_prefix(label: str) -> str:
     """``fwd fc1`` -> ``fwd_fc1_``: a phase's name as a file name prefix."""
     return "".join(c if c.isalnum() or c in "-." else "_" for c in label) + "_"
 
@@ -84,11 +87,14 @@ class FirstStep:
         The system's engine (its ``runtime`` backend's device is recorded).
     out:
         The run folder; the pictures go to ``out/pictures``.
+    trace:
+        Where the step's timeline goes (default ``out/pictures/step1_trace.json``).
     """
 
-    def __init__(self, engine, out: Path):
+    def __init__(self, engine, out: Path, trace: Path | None = None):
         self.out = Path(out) / PICTURES_DIR
-        self.device, _ = _fabric(engine)
+        self.trace = Path(trace) if trace is not None else self.out / "step1_trace.json"
+        self.device = golden_device(engine)
         self.recorder = self.device.record() if self.device is not None else None
 
     @property
@@ -114,10 +120,10 @@ class FirstStep:
         self.out.mkdir(parents=True, exist_ok=True)
         windows = {run.label: {"first_cycle": run.start, "last_cycle": run.start + run.cycles - 1,
                                "cycles": run.cycles} for run in rec.runs}
-        pictures = {label: {k: str(v) for k, v in mesh_pictures(rec, self.out, label, prefix=_file_name(label),
+        pictures = {label: {k: str(v) for k, v in mesh_pictures(rec, self.out, label, prefix=file_prefix(label),
                                                                title=f"step 1, phase {label}").items()}
                     for label in rec.labels()}
-        trace = self.out / "step1_trace.json"
+        trace = self.trace
         write_trace(rec, trace, "training step 1")
         index = {"trace": str(trace), "phases": pictures, "windows": windows, "hot": _hot_spots(rec),
                  "note": "cycles count from the first cycle of step 1 on the golden model"}

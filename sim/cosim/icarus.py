@@ -18,8 +18,10 @@ import functools
 import inspect
 import json
 import os
+import sys
 import tempfile
 import threading
+import time
 from multiprocessing.connection import Listener
 from pathlib import Path
 
@@ -33,6 +35,8 @@ __all__ = ["CocotbProxyFabric", "IcarusFabric"]
 
 _ERRORS = {"UsageError": UsageError, "ProgramFault": ProgramFault}
 _CONNECT_TIMEOUT = 120.0
+#: Seconds between the progress lines of a simulator that is starting or of a call still running.
+PROGRESS_EVERY = 10.0
 
 
 class CocotbProxyFabric:
@@ -55,6 +59,10 @@ class CocotbProxyFabric:
         For an unknown simulator or a missing one.
     RuntimeError
         If the simulator does not start or dies.
+
+    While the simulator starts, and while a call (a ``run``) takes longer
+    than :data:`PROGRESS_EVERY` seconds, a line on stderr says so every
+    :data:`PROGRESS_EVERY` seconds.
     """
 
     def __init__(self, config: FabricConfig | None = None, sim: str = "icarus", waves: bool = False):
@@ -92,19 +100,27 @@ class CocotbProxyFabric:
 
         waiter = threading.Thread(target=accept, daemon=True)
         waiter.start()
-        waiter.join(_CONNECT_TIMEOUT)
-        while waiter.is_alive() and self._thread.is_alive():
-            waiter.join(1.0)
+        started = time.monotonic()
+        waiter.join(PROGRESS_EVERY)
+        while waiter.is_alive() and (self._thread.is_alive() or time.monotonic() - started < _CONNECT_TIMEOUT):
+            self._say(f"starting the {self.backend} simulator", started)
+            waiter.join(PROGRESS_EVERY)
         if "connection" not in result:
             self._listener.close()
             raise RuntimeError(f"the {self.backend} simulator did not start; see {self.run_dir / 'sim.log'}")
         return result["connection"]
+
+    def _say(self, what: str, started: float) -> None:
+        print(f"  ... {what}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
     def _call(self, name, *args, **kwargs):
         if self._connection is None:
             raise UsageError(f"the {self.backend} device is closed")
         try:
             self._connection.send((name, args, kwargs))
+            started = time.monotonic()
+            while not self._connection.poll(PROGRESS_EVERY):
+                self._say(f"{self.backend} simulation ({self.width}x{self.height} mesh): {name}", started)
             answer = self._connection.recv()
         except (EOFError, OSError):
             raise RuntimeError(f"the {self.backend} simulator died ({self._failure}); "

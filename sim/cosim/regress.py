@@ -38,7 +38,7 @@ from pathlib import Path
 
 from wse.config import FabricConfig, UsageError, parse_mesh
 
-from .build import SIMULATORS, build_root, cocotb_build
+from .build import SIMULATORS, Heartbeat, build_root, cocotb_build
 from .cocotb_device import CLOCK_NS
 from .programs import COSIM_CONFIG
 
@@ -98,7 +98,8 @@ def run_suite(suite: str, sim: str, config: FabricConfig, out: Path, *, waves: b
     env.update({f"WSE_COSIM_{key}": str(value) for key, value in (params or {}).items()})
     folder = out / suite
     try:
-        results = build.test(_MODULES[suite], folder, extra_env=env, testcase=testcase)
+        with Heartbeat(f"   running the {suite} testbench on {sim} (log: {folder / 'sim.log'})"):
+            results = build.test(_MODULES[suite], folder, extra_env=env, testcase=testcase)
     except SystemExit:
         results = folder / "results.xml"
     if not Path(results).exists():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -57,6 +57,10 @@ class Fabric(HostArgs):
         self._compiled_cache: dict[int, tuple] = {}
         #: The :class:`~wse.sim.golden.events.Recorder` fed by :meth:`run`, or None.
         self.recorder: Recorder | None = None
+        #: Called as ``progress(cycle)`` every :attr:`progress_every` cycles of a :meth:`run`
+        #: (None: never; the check shares the cycle-limit test, so it costs nothing when off).
+        self.progress: Callable[[int], None] | None = None
+        self.progress_every = 256
         if trace:
             for pe in self.pes:
                 pe.trace = []
@@ -235,10 +239,15 @@ class Fabric(HostArgs):
         senders = {pe.index for pe in pes if pe.tx}  # PEs whose output queue holds wavelets
         t = 0
         heap, scheduled = self._heap, self._scheduled
+        report, every = self.progress, max(int(self.progress_every), 1)
+        check = min(limit, every) if report is not None else limit     # the next cycle that needs a look
         while True:
-            if t >= limit:
-                self.cycle = t
-                raise FabricHang(f"the fabric did not become idle within {limit} cycles", self._report(), t)
+            if t >= check:
+                if t >= limit:
+                    self.cycle = t
+                    raise FabricHang(f"the fabric did not become idle within {limit} cycles", self._report(), t)
+                report(t)
+                check = min(limit, (t // every + 1) * every)
             # 1. Decisions from the start-of-cycle state: router grants, edge
             #    injections, output-queue heads taken by the routers; then the
             #    PEs' own steps (their pops and pushes are recorded, not done).

@@ -60,7 +60,8 @@ def save_heatmaps(path: str | os.PathLike, panels: Sequence[Panel], title: str,
         annotate = w <= 16 and h <= 16
     fig_w, fig_h, mesh_h = _layout(panels)
     fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=min(10.0, fig_w * 72 / (0.55 * max(len(title), 1))))   # fits the width
+    cell_pt = PANEL_INCHES * 72 / w          # a cell's width in points: its label fits inside
     boxes = []
     slot = fig_w / len(panels)
     for k, (name, values, vmax, unit) in enumerate(panels):
@@ -82,7 +83,8 @@ def save_heatmaps(path: str | os.PathLike, panels: Sequence[Panel], title: str,
         bar.tick_params(labelsize=7)
         if annotate:
             for (y, x), v in np.ndenumerate(grid):
-                ax.text(x, y, f"{v:.2f}" if v < 10 else f"{v:.0f}", ha="center", va="center", fontsize=7,
+                text = f"{v:.2f}".removeprefix("0") if v < 1 else f"{v:.2f}" if v < 10 else f"{v:.0f}"
+                ax.text(x, y, text, ha="center", va="center", fontsize=min(7.0, cell_pt / (0.62 * len(text))),
                         color="white" if v < 0.6 * vmax else "black")
         px = DPI
         top = fig_h - bottom - mesh_h
