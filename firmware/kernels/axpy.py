@@ -12,6 +12,7 @@ import numpy as np
 
 from wse.config import FabricConfig
 from wse import numerics as fp
+from wse.firmware.deadlock import load_checked
 
 from .common import Kernel, kernel_program, write_params, write_per_pe
 from .slices import SlicePlan, plan_slices
@@ -50,7 +51,7 @@ class Axpy(Kernel):
     def execute(self, device, plan: SlicePlan, inputs) -> tuple[np.ndarray, int]:
         program = plan.program
         device.load(program)
-        device.load_routes(plan.stream_routes(X_COLORS))
+        load_checked(device, plan.config, plan.stream_routes(X_COLORS), f"kernel {self.name}")
         params = plan.stream_params(X_COLORS)
         params["p_a"] = np.full(plan.own.shape, int(fp.as_bits(inputs["a"])[0]))
         write_params(device, program, params)

@@ -17,6 +17,7 @@ import numpy as np
 
 from wse.config import FabricConfig, Port
 from wse import numerics as fp
+from wse.firmware.deadlock import load_checked
 
 from .common import (Kernel, chain_color_grids, chain_out_color, chain_routes, column_cells, kernel_program,
                      mesh_coordinates, row_cells, write_params, write_per_pe)
@@ -68,7 +69,7 @@ class Dot(Kernel):
         for i in range(height):
             routes += chain_routes(row_cells(i, width), Port.E, ROW_COLORS, from_edge=False, to_edge=False)
         routes += chain_routes(column_cells(width - 1, height), Port.S, COLUMN_COLORS, from_edge=False, to_edge=True)
-        device.load_routes(routes)
+        load_checked(device, cfg, routes, f"kernel {self.name}")
         column, row = mesh_coordinates(cfg)
         row_in, row_out = chain_color_grids(column, ROW_COLORS)
         column_in, column_out = chain_color_grids(row, COLUMN_COLORS)

@@ -24,6 +24,7 @@ import numpy as np
 from wse.config import FabricConfig, Port
 from wse.firmware.image import Program
 from wse import numerics as fp
+from wse.firmware.deadlock import load_checked
 
 from .common import (Kernel, block_partition, chain_color_grids, chain_out_color, chain_routes, column_cells,
                      kernel_program, mesh_coordinates, multicast_routes, row_cells, write_params, write_per_pe)
@@ -103,7 +104,7 @@ class Gemv(Kernel):
             routes += multicast_routes(column_cells(j, height), Port.S, X_COLOR, from_edge=True)
         for i in range(height):
             routes += chain_routes(row_cells(i, width), Port.E, SUM_COLORS, from_edge=False, to_edge=True)
-        device.load_routes(routes)
+        load_checked(device, cfg, routes, f"kernel {self.name}")
 
         column, row = mesh_coordinates(cfg)
         nrows = np.array([len(b) for b in plan.row_blocks])[row]

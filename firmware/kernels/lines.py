@@ -22,6 +22,7 @@ import numpy as np
 from wse.config import FabricConfig
 from wse.firmware.image import Program
 from wse import numerics as fp
+from wse.firmware.deadlock import load_checked
 
 from .common import (Kernel, chain_color_grids, chain_out_color, chain_routes, kernel_program, line_cells,
                      mesh_coordinates, multicast_routes, read_per_pe, write_params, write_per_pe)
@@ -114,7 +115,7 @@ class Broadcast(_LineKernel):
         for line in range(plan.lines):
             cells, forward = plan.cells(line)
             routes += multicast_routes(cells, forward, self.COLOR, from_edge=False)
-        device.load_routes(routes)
+        load_checked(device, cfg, routes, f"kernel {self.name}")
         source = plan.position() == 0
         write_params(device, program, {
             "p_n": np.full(source.shape, plan.n), "p_buf": np.full(source.shape, plan.heap),
@@ -158,7 +159,7 @@ class Reduce(_LineKernel):
         for line in range(plan.lines):
             cells, forward = plan.cells(line)
             routes += chain_routes(cells, forward, self.COLORS, from_edge=False, to_edge=True)
-        device.load_routes(routes)
+        load_checked(device, plan.config, routes, f"kernel {self.name}")
         position = plan.position()
         sum_in, sum_out = chain_color_grids(position, self.COLORS)
         write_params(device, program, {

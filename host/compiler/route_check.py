@@ -1,0 +1,92 @@
+"""The compilers' static deadlock check: each phase's route set and task traffic
+through :func:`wse.firmware.deadlock.check_routes` before an executable exists.
+
+What the mapper knows of the tasks comes from the op records it wrote: a
+record's fabric-in descriptors are the colors its PE receives in the phase,
+its fabric-out descriptors the colors it sends (an input queue of a PE that
+sends may wait for its output queue). The weight-streaming column ring is a
+cycle by design; each phase declares it as a :class:`~wse.firmware.deadlock.Ring`
+per column with the rule its records follow (``docs/faults.md`` section 1):
+the streamed GEMM forwards messages of ``T_j`` partial sums, the weight
+gradients and the softmax rotate blocks with the rows of even index sending
+first and the odd rows receiving first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from wse.firmware.deadlock import Proof, Ring, check_routes
+from wse.firmware.isa import DsdKind
+from wse.firmware.training import pipe
+from wse.firmware.training import records as rec
+
+__all__ = ["phase_traffic", "weight_streaming_rings", "check_weight_streaming", "check_pipelined"]
+
+
+def phase_traffic(grid, decode) -> tuple[dict, dict]:
+    """``(traffic, fields)`` of one phase's ``[H][W]`` record lists: per PE
+    ``(colors received, colors sent)`` from the records' fabric descriptors,
+    and per PE its decoded ``(kind, fields)`` records."""
+    traffic, decoded = {}, {}
+    for y, row in enumerate(grid):
+        for x, ops in enumerate(row):
+            receives, sends, mine = set(), set(), []
+            for words in ops:
+                kind, fields = decode(words)[:2]
+                mine.append((kind, fields))
+                for value in fields.values():
+                    if isinstance(value, tuple) and value[0] == DsdKind.FABIN:
+                        receives.add(value[1])
+                    elif isinstance(value, tuple) and value[0] == DsdKind.FABOUT:
+                        sends.add(value[1])
+            traffic[(x, y)] = (receives, sends)
+            decoded[(x, y)] = mine
+    return traffic, decoded
+
+
+def weight_streaming_rings(plan, decoded: dict) -> list[Ring]:
+    """The column rings of one weight-streaming phase, one per column and
+    ring-using record kind, with the rule of that kind."""
+    from .weight_streaming import ring_colors
+    H = plan.config.height
+    if H < 2:
+        return []
+    rings = []
+    for j in range(plan.columns):
+        members = tuple((j, i) + ring_colors(i, H) for i in range(H))
+        column = [fields for i in range(H) for kind, fields in decoded[(j, i)] if kind == "sgemm"]
+        if column:
+            rings.append(Ring(f"column {j} partial sums", members, message=max(f["t"] for f in column)))
+        for kind in ("wgrad", "softmax"):
+            flags = [[not f["send_first"] for k, f in decoded[(j, i)] if k == kind] for i in range(H)]
+            if any(flags):
+                rings.append(Ring(f"column {j} {kind} rotation", members,
+                                  receive_first=tuple(all(f) and bool(f) for f in flags)))
+    return rings
+
+
+def check_weight_streaming(plan) -> list[Proof]:
+    """Check every phase of a weight-streaming plan; raises
+    :class:`~wse.firmware.deadlock.DeadlockError` naming the phase and the cycle."""
+    proofs, seen = [], {}
+    for name, phase in plan.phases.items():
+        traffic, decoded = phase_traffic(phase.records, rec.decode)
+        rings = weight_streaming_rings(plan, decoded)
+        key = (tuple(sorted((pe, frozenset(a), frozenset(b)) for pe, (a, b) in traffic.items())), tuple(rings))
+        if key not in seen:     # phases with the same traffic and rings have the same graph
+            seen[key] = check_routes(plan.config, plan.routes, what=f"weight-streaming phase {name!r}",
+                                     traffic=traffic, rings=rings)
+        proofs.append(dataclasses.replace(seen[key], what=f"weight-streaming phase {name!r}"))
+    return proofs
+
+
+def check_pipelined(plan) -> list[Proof]:
+    """Check every phase of a layer-pipelined plan (no rings: its phases are
+    acyclic by construction, and this proves it)."""
+    proofs = []
+    for name, (_, grid) in plan.phases.items():
+        traffic, _ = phase_traffic(grid, pipe.decode)
+        proofs.append(check_routes(plan.config, plan.routes, what=f"layer-pipelined phase {name!r}",
+                                   traffic=traffic))
+    return proofs
