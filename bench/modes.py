@@ -32,7 +32,15 @@ costs no fabric cycles):
 * ``weight_streaming`` training: the cycles of all phases of a step per sample,
   the whole step's FMAC utilization and that of its streamed GEMM phases;
 
-and the ratio of the two. Last, the host's time for one training step of
+and the ratio of the two. Then activation sparsity harvesting (``plan(...,
+sparse=True)``) at 0%, 50% and 90% zeros in the inputs of every layer that
+follows a ReLU (random patterns, seeded; the cycle model given the pattern
+equals the golden model's, tests/test_pipelined_sparse.py): per fraction, the
+forward phase's cycles (batch 32) and, for each harvesting layer, its busiest
+PE's own cycles per sample (instructions and vector elements, no waits: the
+rate that layer alone could run at), with the ratio to the dense plan's
+(baseline: the same layer in ``pfwd``, in the same run; target at 90% zeros
+at most 0.3). Last, the host's time for one training step of
 FC-MNIST (``examples/fc_mnist.py``, batch 64, 16x16) on the functional
 backend in each mode, as ``wse train`` takes it (``OneSystem.step``: for weight
 streaming the runtime's step and MemoryX's optimizer step; for the pipelined
@@ -60,6 +68,8 @@ from wse.config import FabricConfig
 from wse.host.compiler import compile_model
 from wse.host.compiler.frontend import trace
 from wse.host.compiler.pipelined import plan
+from wse.firmware.training import pipe_timing
+from wse.firmware.training.timing import BUSY, RECV, VEC
 from wse.host.compiler.pipelined_cycles import pe_fmacs, phase_cycles
 from wse.host.compiler.weight_streaming import FitError
 from wse.host.memoryx.optim import OptimizerConfig
@@ -114,6 +124,41 @@ def measure(name: str, dims, config: FabricConfig, ws_batch: int) -> None:
     print(json.dumps({"model": name, "pipelined_over_weight_streaming_cycles_per_sample":
                       round(steady / (ws_cycles / ws_batch), 3)}))
     measure_training(name, graph, macs, config, exe, ws_batch)
+    measure_sparsity(name, graph, config)
+
+
+def _layer_cycles(plan_, pattern, layer: int) -> float:
+    """The busiest PE of region ``layer``: its own cycles per sample in the forward phase."""
+    region, best = plan_.regions[layer], 0
+    for _, _, x, y in region.cells():
+        words = np.concatenate(plan_.phases["forward"][1][y][x] + [np.zeros(2, dtype=np.uint32)])
+        ops = pipe_timing.pe_ops(words, 0, pattern)
+        own = sum(int(a) if op == BUSY else int(a) + 1 if op == VEC else 1 if op == RECV else 0
+                  for op, a, *_ in ops)
+        best = max(best, own)
+    return best / plan_.batch
+
+
+def measure_sparsity(name: str, graph, config: FabricConfig, batch: int = 32) -> None:
+    """Print the activation sparsity lines of one model (see the module docstring)."""
+    dense, sparse = plan(graph, config, batch), plan(graph, config, batch, sparse=True)
+    widths = [layer.k for layer in sparse.layers]
+    ones = [np.ones((batch, k), dtype=bool) for k in widths]
+    base_phase = phase_cycles(dense)["forward"]
+    harvesting = [l for l, h in enumerate(sparse.harvest) if h]
+    base = {l: _layer_cycles(dense, ones, l) for l in harvesting}
+    rng = np.random.default_rng(0)
+    for zeros in (0.0, 0.5, 0.9):
+        pattern = [ones[0]] + [rng.random((batch, k)) >= zeros for k in widths[1:]]
+        cycles = phase_cycles(sparse, pattern)["forward"]
+        layers = {sparse.layers[l].name: {"cycles_per_sample": round(_layer_cycles(sparse, pattern, l), 1),
+                                          "dense_cycles_per_sample": round(base[l], 1),
+                                          "over_dense": round(_layer_cycles(sparse, pattern, l) / base[l], 3)}
+                  for l in harvesting}
+        print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "sparsity": zeros,
+                          "batch": batch, "forward_cycles": cycles, "dense_forward_cycles": base_phase,
+                          "forward_over_dense": round(cycles / base_phase, 3), "harvesting_layers": layers,
+                          "target_over_dense_at_0.9": 0.3}))
 
 
 def measure_training(name: str, graph, macs: int, config: FabricConfig, exe, ws_batch: int) -> None:

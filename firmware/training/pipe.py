@@ -30,7 +30,7 @@ PIPE_SOURCE = Path(__file__).resolve().parent / "pipe.s"
 T_RUN = 0
 
 #: Record kinds and their codes (``0`` ends a list).
-KINDS = {"end": 0, "pfwd": 1, "pbwd": 2, "pupd": 3}
+KINDS = {"end": 0, "pfwd": 1, "pbwd": 2, "pupd": 3, "psfwd": 4}
 
 #: Fields of each kind in order: ``(name, "word" | DSD)``.
 FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -40,6 +40,20 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
              ("first", "word"), ("last", "word"), ("bias", "word"), ("relu", "word"), ("send", "word"),
              ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("xw", DSD), ("cin", DSD),
              ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD)),
+    # The forward pass with activation sparsity harvesting (pipe.s, docs/layer_pipelined.md
+    # section 6a): pfwd's fields, then `sin` (the inputs arrive as (index, value) pairs
+    # ending with index -1: only the nonzero ones), `sout` (send only the nonzero outputs
+    # so), `layer`, `lin`, `lout` (the layer and the first input and output feature of
+    # the PE's blocks: the static cycle model's key to the activation pattern), `wbase`
+    # (the tile's address), `pbase` (two words for a pair), `zk` and `zo` (+0 times K, O),
+    # `pair` (the pair in memory), `pin` (a pair from the fabric), `pout` (a pair to the fabric).
+    "psfwd": (("t", "word"), ("k", "word"), ("o", "word"), ("xbase", "word"), ("ybase", "word"),
+              ("first", "word"), ("last", "word"), ("bias", "word"), ("relu", "word"), ("send", "word"),
+              ("sin", "word"), ("sout", "word"), ("layer", "word"), ("lin", "word"), ("lout", "word"),
+              ("wbase", "word"), ("pbase", "word"),
+              ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("xw", DSD), ("cin", DSD),
+              ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD), ("zk", DSD), ("zo", DSD), ("pair", DSD),
+              ("pin", DSD), ("pout", DSD)),
     # One layer's backward pass on one PE, for every sample (pipe.s): the delta
     # (from the host at the last layer, else from the next region's input-gradient
     # chain, through the ReLU mask) at the chain end, multicast back along the
@@ -59,7 +73,7 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 #: The prefix of each kind's offset constants in ``pipe.s``.
-PREFIX = {"end": "END", "pfwd": "PF", "pbwd": "PB", "pupd": "PU"}
+PREFIX = {"end": "END", "pfwd": "PF", "pbwd": "PB", "pupd": "PU", "psfwd": "PS"}
 
 
 def record_words(kind: str) -> int:

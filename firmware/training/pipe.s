@@ -31,6 +31,8 @@ next_op:
         beq     r1, r2, pbwd
         li      r2, K_PUPD
         beq     r1, r2, pupd
+        li      r2, K_PSFWD
+        beq     r1, r2, psfwd
         jmp     bad_kind
 op_done:
         ld      r1, R_LEN(r15)
@@ -271,6 +273,130 @@ pu_step:
         addi    r14, r14, 6
         addi    r3, r3, -1
         bne     r3, r0, pu_param
+        jmp     op_done
+
+; ---------------------------------------------------------------------------
+; psfwd: pfwd with activation sparsity harvesting (docs/layer_pipelined.md,
+; section 6a). With `sin`, the sample's inputs arrive as (index, value)
+; pairs, only the nonzero ones, in index order, ending with the index -1:
+; the PE clears the sample's input slot and its partial sums to +0 and, per
+; pair, stores the value at its index and adds its products,
+;   P[o] = add(P[o], mul(Wt[k][o], x[k]))   (fmacs: two roundings)
+; so the zeros cost neither wavelets nor multiply-adds. With `sout`, a chain
+; end sends its outputs on the same way: a pair for every output whose word
+; is not +0, then the end marker. Cycles depend on the activations here.
+;   r1 the pair's address, r3 samples left, r4 K, r5 O, r8 input slot,
+;   r9 output slot, r14 the tile's address
+psfwd:
+        ld      r3, PS_T(r15)
+        ld      r4, PS_K(r15)
+        ld      r5, PS_O(r15)
+        ld      r8, PS_XBASE(r15)
+        ld      r9, PS_YBASE(r15)
+ps_sample:
+        ld      r10, PS_SIN(r15)
+        bne     r10, r0, ps_sparse
+        ldsd    d0, PS_XIN(r15)         ; dense inputs, as pfwd
+        ldsd    d1, PS_XS(r15)
+        setb    d1, r8
+        fmov    d1, d0
+        ld      r7, 0(r8)
+        ldsd    d2, PS_ACC(r15)
+        ldsd    d3, PS_W0(r15)
+        fmuls   d2, d3, r7
+        ldsd    d4, PS_W1(r15)
+        ldsd    d5, PS_XW(r15)
+        addi    r10, r8, 1
+        setb    d5, r10
+        fmacw   d2, d4, d5
+        jmp     ps_chain
+ps_sparse:
+        ldsd    d1, PS_XS(r15)
+        setb    d1, r8
+        ldsd    d0, PS_ZK(r15)
+        fmov    d1, d0                  ; the input slot = +0
+        ldsd    d2, PS_ACC(r15)
+        ldsd    d0, PS_ZO(r15)
+        fmov    d2, d0                  ; P = +0
+        ldsd    d0, PS_PAIR(r15)
+        ldsd    d6, PS_PIN(r15)
+        ldsd    d3, PS_W0(r15)
+        ld      r14, PS_WBASE(r15)
+        ld      r1, PS_PBASE(r15)
+ps_take:
+        fmov    d0, d6                  ; a pair from the fabric
+        ld      r7, 0(r1)
+        blt     r7, r0, ps_chain        ; the end marker
+        ld      r11, 1(r1)
+        add     r12, r8, r7
+        st      r11, 0(r12)             ; x[k] into the input slot
+        mul     r13, r7, r5
+        add     r13, r13, r14
+        setb    d3, r13
+        fmacs   d2, d2, d3, r11         ; P += Wt[k] * x[k]
+        jmp     ps_take
+ps_chain:
+        ld      r6, PS_FIRST(r15)
+        ldsd    d6, PS_CIN(r15)
+        ld      r10, PS_LAST(r15)
+        bne     r10, r0, ps_last
+        ldsd    d7, PS_COUT(r15)
+        beq     r6, r0, ps_pass
+        fmov    d7, d2                  ; first of the chain: send P
+        jmp     ps_next
+ps_pass:
+        fadd    d7, d6, d2              ; send in + P
+        jmp     ps_next
+ps_last:
+        ldsd    d7, PS_YS(r15)
+        setb    d7, r9
+        beq     r6, r0, ps_lpass
+        fmov    d7, d2                  ; a chain of one PE: y = P
+        jmp     ps_bias
+ps_lpass:
+        fadd    d7, d6, d2              ; y = in + P
+ps_bias:
+        ld      r10, PS_BIAS(r15)
+        beq     r10, r0, ps_relu
+        ldsd    d6, PS_B(r15)
+        fadd    d7, d7, d6              ; y = y + b
+ps_relu:
+        ld      r10, PS_RELU(r15)
+        beq     r10, r0, ps_send
+        fmaxs   d7, d7, r0              ; y = max(y, +0)
+ps_send:
+        ld      r10, PS_SEND(r15)
+        beq     r10, r0, ps_stored
+        ld      r10, PS_SOUT(r15)
+        bne     r10, r0, ps_harvest
+        ldsd    d6, PS_XOUT(r15)
+        fmov    d6, d7                  ; on to the next region, dense
+        jmp     ps_stored
+ps_harvest:
+        ldsd    d0, PS_PAIR(r15)
+        ldsd    d6, PS_POUT(r15)
+        ld      r1, PS_PBASE(r15)
+        add     r12, r9, r0
+        add     r13, r0, r0
+ps_hloop:
+        ld      r11, 0(r12)
+        beq     r11, r0, ps_hskip       ; +0: not sent
+        st      r13, 0(r1)
+        st      r11, 1(r1)
+        fmov    d6, d0                  ; (index, value)
+ps_hskip:
+        addi    r12, r12, 1
+        addi    r13, r13, 1
+        bne     r13, r5, ps_hloop
+        li      r11, -1
+        st      r11, 0(r1)
+        fmov    d6, d0                  ; the end marker
+ps_stored:
+        add     r9, r9, r5
+ps_next:
+        add     r8, r8, r4
+        addi    r3, r3, -1
+        bne     r3, r0, ps_sample
         jmp     op_done
 
         .task T_RUN, run

@@ -18,38 +18,94 @@ from .timing import _color, _Ops
 
 __all__ = ["pe_ops"]
 
-_DISPATCH = {"pfwd": 2 + 1 + 2, "pbwd": 2 + 1 + 4, "pupd": 2 + 1 + 6}   # ld kind, beq end, (li, beq) per kind tested
+_DISPATCH = {"pfwd": 2 + 1 + 2, "pbwd": 2 + 1 + 4, "pupd": 2 + 1 + 6, "psfwd": 2 + 1 + 8}   # ld kind, beq end, (li, beq) per kind tested
 _OP_DONE = 4                         # ld 2, add, jmp
 
 
 def _pfwd(ops: _Ops, f: dict) -> None:
     T, K, O = f["t"], f["k"], f["o"]
-    c_x, c_in, c_out, c_next = _color(f["xin"]), _color(f["cin"]), _color(f["cout"]), _color(f["xout"])
+    c_x, c_next = _color(f["xin"]), _color(f["xout"])
     n_w = max(O, (K - 1) * O) if K > 1 and O else 0
     ops.busy(10)                                          # 5 ld
     for _ in range(T):
         ops.busy(5)                                       # 2 ldsd, setb
         ops.vec(K, in1=c_x)                               # fmov: the inputs into memory
         ops.busy(6 + O + 1 + 6 + n_w + 1 + 7)             # ld, 2 ldsd; fmuls; 2 ldsd, addi, setb; fmacw; ld, ldsd, ld, bne
-        if not f["last"]:
-            ops.busy(3)                                   # ldsd, beq
-            ops.vec(O, out=c_out) if f["first"] else ops.vec(O, in1=c_in, out=c_out)
-            ops.busy(1)                                   # jmp pf_next
-        else:
-            ops.busy(4)                                   # ldsd, setb, beq
-            if f["first"]:
-                ops.busy(O + 1 + 1)                       # fmov (memory), jmp
-            else:
-                ops.vec(O, in1=c_in)                      # fadd into the output store
-            ops.busy(3 + (2 + O + 1 if f["bias"] else 0))      # ld, beq; ldsd, fadd
-            ops.busy(3 + (O + 1 if f["relu"] else 0))          # ld, beq; fmaxs
-            ops.busy(3)                                   # ld, beq
-            if f["send"]:
-                ops.busy(2)                               # ldsd
-                ops.vec(O, out=c_next)
-            ops.busy(1)                                   # add
+        _chain(ops, f, lambda: (ops.busy(2), ops.vec(O, out=c_next)))      # ldsd; fmov on
         ops.busy(3)                                       # add, addi, bne
     ops.busy(1)                                           # jmp op_done
+
+
+def _chain(ops: _Ops, f: dict, send) -> None:
+    """The reduction chain of one sample (pfwd and psfwd alike), from ``bne`` on
+    ``last`` to the output slot's ``add``; ``send()`` adds the send to the next region."""
+    O, c_in, c_out = f["o"], _color(f["cin"]), _color(f["cout"])
+    if not f["last"]:
+        ops.busy(3)                                       # ldsd, beq
+        ops.vec(O, out=c_out) if f["first"] else ops.vec(O, in1=c_in, out=c_out)
+        ops.busy(1)                                       # jmp to the sample's end
+        return
+    ops.busy(4)                                           # ldsd, setb, beq
+    if f["first"]:
+        ops.busy(O + 1 + 1)                               # fmov (memory), jmp
+    else:
+        ops.vec(O, in1=c_in)                              # fadd into the output store
+    ops.busy(3 + (2 + O + 1 if f["bias"] else 0))         # ld, beq; ldsd, fadd
+    ops.busy(3 + (O + 1 if f["relu"] else 0))             # ld, beq; fmaxs
+    ops.busy(3)                                           # ld, beq
+    if f["send"]:
+        send()
+    ops.busy(1)                                           # add
+
+
+def _psfwd(ops: _Ops, f: dict, pattern) -> None:
+    """``psfwd``: ``pattern[l]`` is layer ``l``'s input activation pattern (``[T, features]``,
+    true where the word is not +0), which sets the pairs taken and sent."""
+    T, K, O = f["t"], f["k"], f["o"]
+    c_x, c_pin = _color(f["xin"]), _color(f["pin"])
+    if pattern is None and (f["sin"] or (f["send"] and f["sout"])):
+        raise ValueError("a psfwd record's cycles depend on the activations: give their pattern")
+    taken = pattern[f["layer"]][:, f["lin"]:f["lin"] + K].sum(axis=1) if f["sin"] else None
+    sent = pattern[f["layer"] + 1][:, f["lout"]:f["lout"] + O] if f["send"] and f["sout"] else None
+    n_w = max(O, (K - 1) * O) if K > 1 and O else 0
+    ops.busy(10)                                          # 5 ld
+    for s in range(T):
+        ops.busy(3)                                       # ld, bne
+        if f["sin"]:
+            ops.busy(5 + K + 1 + 4 + O + 1 + 8 + 2)       # 2 ldsd, setb; fmov; 2 ldsd; fmov; 3 ldsd, 2 ld
+            for _ in range(int(taken[s])):
+                ops.vec(2, in1=c_pin)                     # fmov: a pair
+                ops.busy(2 + 1 + 2 + 2 + 3 + O + 1 + 1)   # ld, blt; ld, add, st; mul, add, setb; fmacs; jmp
+            ops.vec(2, in1=c_pin)                         # the end marker
+            ops.busy(3)                                   # ld, blt (taken)
+        else:
+            ops.busy(5)                                   # 2 ldsd, setb
+            ops.vec(K, in1=c_x)
+            ops.busy(6 + O + 1 + 6 + n_w + 1 + 1)         # as pfwd; jmp ps_chain
+        ops.busy(7)                                       # ld, ldsd, ld, bne
+        _chain(ops, f, lambda: _harvest_send(ops, f, sent[s] if sent is not None else None))
+        ops.busy(3)                                       # add, addi, bne
+    ops.busy(1)                                           # jmp op_done
+
+
+def _harvest_send(ops: _Ops, f: dict, sent) -> None:
+    """psfwd's send to the next region: dense, or a pair per ``sent`` element that is true."""
+    ops.busy(3)                                           # ld, bne
+    if not f["sout"]:
+        ops.busy(2)                                       # ldsd
+        ops.vec(f["o"], out=_color(f["xout"]))
+        ops.busy(1)                                       # jmp ps_stored
+        return
+    c_pout = _color(f["pout"])
+    ops.busy(4 + 2 + 2)                                   # 2 ldsd, ld, 2 add
+    for nonzero in sent:
+        ops.busy(3)                                       # ld, beq
+        if nonzero:
+            ops.busy(2)                                   # 2 st
+            ops.vec(2, out=c_pout)
+        ops.busy(3)                                       # 2 addi, bne
+    ops.busy(2)                                           # li, st
+    ops.vec(2, out=c_pout)                                # the end marker
 
 
 def _pbwd(ops: _Ops, f: dict) -> None:
@@ -110,8 +166,10 @@ def _pupd(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
-    """The timing ops of one PE running the ``pipe.s`` op list that begins at ``words[start]``."""
+def pe_ops(words: np.ndarray, start: int = 0, pattern=None) -> np.ndarray:
+    """The timing ops of one PE running the ``pipe.s`` op list that begins at ``words[start]``;
+    ``pattern`` (per layer, ``[T, features]`` booleans: the input word is not +0) for
+    ``psfwd`` records, whose cycles depend on the activations."""
     ops = _Ops()
     ops.busy(1 + 2)                                       # task selection, ld r15
     at = int(start)
@@ -122,6 +180,9 @@ def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
         length = int(words[at + 1])
         kind, fields = pipe.decode(words[at:at + length])
         ops.busy(_DISPATCH[kind])
-        {"pfwd": _pfwd, "pbwd": _pbwd, "pupd": _pupd}[kind](ops, fields)
+        if kind == "psfwd":
+            _psfwd(ops, fields, pattern)
+        else:
+            {"pfwd": _pfwd, "pbwd": _pbwd, "pupd": _pupd}[kind](ops, fields)
         ops.busy(_OP_DONE)
         at += length if length else HEADER_WORDS

@@ -77,6 +77,7 @@ class PipelinedPlan:
     routes: list
     phases: dict
     sequences: dict
+    harvest: tuple = ()
 
     def addr(self, name: str) -> int:
         """Address of buffer ``name``."""
@@ -163,10 +164,14 @@ def _check_graph(graph: Graph, config: FabricConfig, batch: int, colors: int) ->
     return layers, place([(layer.k, layer.o) for layer in layers], config)
 
 
-def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> PipelinedPlan:
+def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse: bool = False) -> PipelinedPlan:
     """Map ``graph`` for the layer-pipelined mode with batches of ``batch`` samples on ``config``;
     with an ``optimizer`` (:class:`~wse.host.memoryx.optim.OptimizerConfig`) the
-    plan also trains: backward pass and the optimizer on the PEs.
+    plan also trains: backward pass and the optimizer on the PEs. With ``sparse``,
+    every layer whose input is a ReLU's output harvests its sparsity (``psfwd``:
+    only the nonzero activations are sent, as (index, value) pairs; the plan's
+    ``harvest[l]`` says which layers do), and the forward phase's cycles depend
+    on the activations (:func:`~.pipelined_cycles.phase_cycles` takes their pattern).
 
     Raises
     ------
@@ -191,9 +196,13 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> Pipe
     mem.take("acc", o_max, "the partial sums")
     mem.take("xs", batch * k_max, f"the inputs of {batch} samples in flight")
     mem.take("ys", batch * o_max, f"the outputs of {batch} samples in flight")
+    harvest = tuple(bool(sparse) and l > 0 and layers[l - 1].relu for l in range(len(layers)))
+    if any(harvest):
+        mem.take("pair", 2, "the (index, value) pair")
     if optimizer is not None:
         train_memory(mem, max(r.tile for r in regions), k_max, o_max, optimizer)
-    ops = {"forward": mem.take("ops:forward", pipe.record_words("pfwd") + 2, "op lists")}
+    ops = {"forward": mem.take("ops:forward", pipe.record_words("psfwd" if any(harvest) else "pfwd") + 2,
+                               "op lists")}
     if optimizer is not None:
         ops["backward_first"] = mem.take("ops:backward_first", pipe.record_words("pbwd") + 2, "op lists")
         ops["backward"] = mem.take("ops:backward", pipe.record_words("pbwd") + 2, "op lists")
@@ -206,7 +215,7 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> Pipe
                        f"layer-pipelined mode on a {config.mesh} mesh ({detail}, program data "
                        f"{program.data_end}) but sram_words is {config.sram_words}")
     zero = program.symbol("f_zero")
-    phases = {"forward": (ops["forward"], _forward_records(config, layers, regions, mem, batch, zero))}
+    phases = {"forward": (ops["forward"], _forward_records(config, layers, regions, mem, batch, zero, harvest))}
     sequences = {"eval": ["forward"]}
     routes = _routes(regions)
     if optimizer is not None:
@@ -221,7 +230,7 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None) -> Pipe
                                       update_records(config, layers, regions, mem, optimizer, True))
             sequences["first_update"] = ["update_first"]
     return PipelinedPlan(config, batch, graph, optimizer, layers, regions, dict(mem.regions), dict(mem.owners),
-                         routes, phases, sequences)
+                         routes, phases, sequences, harvest)
 
 
 def _along(region: Region) -> tuple[Port, Port]:
@@ -248,8 +257,9 @@ def _routes(regions: list[Region]) -> list:
     return routes
 
 
-def _forward_records(config: FabricConfig, layers, regions, mem, batch: int, zero: int) -> list:
-    """``[H][W]`` lists of the forward phase's records."""
+def _forward_records(config: FabricConfig, layers, regions, mem, batch: int, zero: int, harvest=()) -> list:
+    """``[H][W]`` lists of the forward phase's records (``psfwd`` where a PE takes or
+    sends harvested activations, ``harvest[l]``: layer ``l``'s inputs are)."""
     records = [[[] for _ in range(config.width)] for _ in range(config.height)]
     a = mem.regions
     last_layer = len(layers) - 1
@@ -259,7 +269,7 @@ def _forward_records(config: FabricConfig, layers, regions, mem, batch: int, zer
             k, o = len(ins[q]), len(outs[p])
             first, last = q == 0, q == region.n_in - 1
             c_in, c_out = CHAIN_COLORS[q % 2], CHAIN_COLORS[(q + 1) % 2]
-            records[y][x].append(pipe.encode("pfwd", dict(
+            fields = dict(
                 t=batch, k=k, o=o, xbase=a["xs"][0], ybase=a["ys"][0], first=int(first), last=int(last),
                 bias=int(last and layer.bias is not None), relu=int(last and layer.relu),
                 send=int(last and l < last_layer),
@@ -267,5 +277,14 @@ def _forward_records(config: FabricConfig, layers, regions, mem, batch: int, zer
                 w0=pipe.dsd_mem(a["w"][0], o), w1=pipe.dsd_mem(a["w"][0] + o, (k - 1) * o),
                 xw=pipe.dsd_mem(0, k - 1), cin=pipe.dsd_mem(zero, o, 0) if first else pipe.dsd_fabin(c_in, o),
                 cout=pipe.dsd_fabout(c_out, o), ys=pipe.dsd_mem(0, o), b=pipe.dsd_mem(a["b"][0], o),
-                xout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], o))))
+                xout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], o))
+            sin = bool(harvest) and harvest[l]
+            sout = bool(harvest) and last and l < last_layer and harvest[l + 1]
+            if sin or sout:
+                pair = a["pair"][0]
+                fields.update(sin=int(sin), sout=int(sout), layer=l, lin=ins[q][0], lout=outs[p][0],
+                              wbase=a["w"][0], pbase=pair, zk=pipe.dsd_mem(zero, k, 0), zo=pipe.dsd_mem(zero, o, 0),
+                              pair=pipe.dsd_mem(pair, 2), pin=pipe.dsd_fabin(INPUT_COLORS[l % 2], 2),
+                              pout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], 2))
+            records[y][x].append(pipe.encode("psfwd" if sin or sout else "pfwd", fields))
     return records

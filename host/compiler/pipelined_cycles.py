@@ -17,10 +17,10 @@ from wse.firmware.training import pipe, pipe_timing
 
 from .replay import Network, replay
 
-__all__ = ["phase_cycles", "pe_fmacs"]
+__all__ = ["phase_cycles", "pe_fmacs", "activation_pattern"]
 
 
-def _phase_ops(plan, records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _phase_ops(plan, records, pattern=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cfg = plan.config
     table, starts, ends, seen, at = [], [], [], {}, 0
     for y in range(cfg.height):
@@ -29,7 +29,7 @@ def _phase_ops(plan, records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             words = np.concatenate(ops_words + [np.zeros(2, dtype=np.uint32)])
             key = words.tobytes()
             if key not in seen:
-                ops = pipe_timing.pe_ops(words)
+                ops = pipe_timing.pe_ops(words, 0, pattern)
                 seen[key] = (at, at + len(ops))
                 table.append(ops)
                 at += len(ops)
@@ -48,8 +48,19 @@ def _injections(plan, name: str) -> dict:
     return inject
 
 
-def phase_cycles(plan) -> dict[str, int]:
+def activation_pattern(plan, x: np.ndarray, outs: list) -> list[np.ndarray]:
+    """Per layer, ``[batch, features]`` booleans: the layer's input word is not +0
+    (``x`` the batch, ``outs`` every layer's outputs, as the functional model gives them).
+    A harvesting plan's forward cycles depend on it."""
+    acts = [np.asarray(x, dtype=np.float32).reshape(len(x), -1)] + list(outs[:-1])
+    return [np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) != 0 for a in acts]
+
+
+def phase_cycles(plan, pattern=None) -> dict[str, int]:
     """Cycles of every phase of a layer-pipelined plan, as the golden model counts them.
+    A plan that harvests activation sparsity (``plan.harvest``) needs the batch's
+    ``pattern`` (:func:`activation_pattern`) for its forward phase; without one
+    that phase is left out.
 
     Raises
     ------
@@ -59,7 +70,9 @@ def phase_cycles(plan) -> dict[str, int]:
     network = Network(plan.config, plan.routes)
     out = {}
     for name, (_, records) in plan.phases.items():
-        ops, starts, ends = _phase_ops(plan, records)
+        if name == "forward" and any(plan.harvest) and pattern is None:
+            continue
+        ops, starts, ends = _phase_ops(plan, records, pattern if name == "forward" else None)
         out[name] = int(replay(network, ops, starts, ends, _injections(plan, name)))
     return out
 
@@ -74,7 +87,7 @@ def pe_fmacs(plan, name: str) -> np.ndarray:
         for x, records in enumerate(row):
             for words in records:
                 kind, f = pipe.decode(words)
-                if kind == "pfwd":
+                if kind in ("pfwd", "psfwd"):     # psfwd: at most this many (the zeros skipped)
                     out[y, x] += f["t"] * f["k"] * f["o"]
                 elif kind == "pbwd":      # fmacw of the weight gradient, dot of the input gradient
                     out[y, x] += f["t"] * f["k"] * f["o"] * (2 if f["dx"] else 1)

@@ -48,12 +48,14 @@ def _flushed(values) -> np.ndarray:
 
 def functional_forward(plan, weights: Mapping[str, np.ndarray], x: np.ndarray) -> list[np.ndarray]:
     """Every layer's output ``[batch, o]`` for the batch ``x [batch, features]``
-    (the last one the logits), bit for bit as the fabric computes them."""
+    (the last one the logits), bit for bit as the fabric computes them (a layer
+    that harvests sparsity adds only its nonzero inputs' products, from +0)."""
     act = _flushed(np.asarray(x, dtype=np.float32).reshape(x.shape[0], -1))
     outs = []
-    for layer, region in zip(plan.layers, plan.regions):
+    harvest = getattr(plan, "harvest", ()) or (False,) * len(plan.layers)
+    for layer, region, sparse in zip(plan.layers, plan.regions, harvest):
         b = _flushed(weights[layer.bias]) if layer.bias is not None else None
-        act = pk.forward(region, _flushed(weights[layer.weight]), b, layer.relu, act)
+        act = pk.forward(region, _flushed(weights[layer.weight]), b, layer.relu, act, sparse)
         outs.append(act)
     return outs
 

@@ -41,20 +41,28 @@ def _fl(v):
 
 
 @njit(fastmath=False, cache=True)
-def _forward_k(wt, x, bias, has_bias, relu, in_lo, in_hi, out):
+def _forward_k(wt, x, bias, has_bias, relu, in_lo, in_hi, out, sparse):
     samples = x.shape[0]
     n_out = wt.shape[1]
     part = np.empty((samples, n_out), dtype=np.float32)
+    xbits = x.view(np.uint32)
     for q in range(in_lo.shape[0]):
         k0 = in_lo[q]
         for s in range(samples):
             xv = x[s, k0]
             row, acc = wt[k0], part[s]
             for o in range(n_out):
-                acc[o] = _fl(row[o] * xv)
+                if not sparse:
+                    acc[o] = _fl(row[o] * xv)
+                elif xbits[s, k0] != 0:
+                    acc[o] = _fl(np.float32(0.0) + _fl(row[o] * xv))
+                else:
+                    acc[o] = np.float32(0.0)
         for k in range(k0 + 1, in_hi[q]):
             row = wt[k]
             for s in range(samples):
+                if sparse and xbits[s, k] == 0:
+                    continue
                 xv = x[s, k]
                 acc = part[s]
                 for o in range(n_out):
@@ -156,16 +164,19 @@ def _bounds(blocks) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([b.start for b in blocks], dtype=np.int64), np.array([b.stop for b in blocks], dtype=np.int64))
 
 
-def forward(region, w: np.ndarray, b: np.ndarray | None, relu: bool, act: np.ndarray) -> np.ndarray:
+def forward(region, w: np.ndarray, b: np.ndarray | None, relu: bool, act: np.ndarray,
+            sparse: bool = False) -> np.ndarray:
     """One layer's outputs ``[batch, o]`` of ``act [batch, k]`` on ``region`` (its input
-    blocks), weights ``w [o, k]``, bias ``b`` (or None), then the ReLU if ``relu``."""
+    blocks), weights ``w [o, k]``, bias ``b`` (or None), then the ReLU if ``relu``.
+    ``sparse`` (harvested inputs): each input line's partial sums start at +0 and
+    add ``mul(w, x)`` only for the inputs whose word is not +0, in order."""
     lo, hi = _bounds(region.in_blocks())
     if np.any(hi <= lo) or w.shape[1] != act.shape[1]:
         raise ValueError(f"forward: every input line needs a feature and w {w.shape} must match act {act.shape}")
     out = np.empty((act.shape[0], w.shape[0]), dtype=np.float32)
     bias = np.zeros(1, dtype=np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
     _forward_k(np.ascontiguousarray(w.T, dtype=np.float32), np.ascontiguousarray(act, dtype=np.float32),
-               bias, b is not None, bool(relu), lo, hi, out)
+               bias, b is not None, bool(relu), lo, hi, out, bool(sparse))
     return _canonical(out)
 
 
