@@ -183,3 +183,55 @@ def test_progress_is_quiet_when_quick_and_writes_lines_off_a_terminal():
             bar.step(name)
     assert log.getvalue().splitlines()[0].startswith("cycle model: 1/3 fwd fc1 (")
     assert len(log.getvalue().splitlines()) == 3
+
+
+# Reuse of equal phases, inner rounds, cycles=False --------------------------------------
+
+def test_phases_of_equal_inputs_are_replayed_once_with_the_same_counts():
+    """The hidden layers of equal widths share their replays; every count equals the full replay's."""
+    from wse.host.compiler.cycles import ReplayMemo, phase_cycles
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(6, 24, 24, 24, 3), torch.randn(5, 6)), FabricConfig(width=3, height=2), 5)
+    memo = ReplayMemo()
+    network = Network(exe_plan.config, exe_plan.routes)
+    counts = {}
+    for name, phase in exe_plan.phases.items():
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        counts[name] = memo.cycles(network, ops, starts, ends, phase_injections(phase))
+    assert memo.hits >= 3                       # fwd, bwd-data and bwd-weight of the equal hidden layers
+    assert counts == phase_cycles(exe_plan, periods=False, reuse=False, progress=False)
+    # a phase whose inputs differ in one op row is not taken from the memo
+    name, phase = next(iter(exe_plan.phases.items()))
+    ops, starts, ends = phase_ops(exe_plan, phase)
+    changed = ops.copy()
+    busy = np.flatnonzero(changed[:, 0] == changed[0, 0])[0]
+    changed[busy, 1] += 50 if changed[busy, 0] != END else 0
+    hits = memo.hits
+    memo.cycles(network, changed, starts, ends, phase_injections(phase))
+    assert memo.hits == hits
+
+
+def test_weight_gradient_phases_skip_repeats_inside_a_rotation_step(skips):
+    """The weight gradients' rounds are the rotation steps; the repeats inside one are skipped, exactly."""
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(8, 96, 4), torch.randn(6, 8)), FabricConfig(width=3, height=3), 6)
+    network = Network(exe_plan.config, exe_plan.routes)
+    for name in [n for n in exe_plan.phases if n.startswith("bwd-weight")]:
+        phase = exe_plan.phases[name]
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        assert replay(network, ops, starts, ends, inject) == replay(network, ops, starts, ends, inject,
+                                                                     periods=False), name
+    assert skips, "no repeat inside a weight-gradient rotation step was skipped"
+
+
+def test_compile_model_without_cycles():
+    from wse.host.compiler.cycles import executable_cycles
+    torch.manual_seed(0)
+    model, example = mlp(5, 24, 3), torch.randn(4, 5)
+    config = FabricConfig(width=2, height=2)
+    bare = compile_model(model, example, config=config, batch=4, cycles=False)
+    full = compile_model(model, example, config=config, batch=4)
+    assert all(phase.cycles == 0 for phase in bare.phases.values())
+    assert executable_cycles(bare, reuse=False) == {name: phase.cycles for name, phase in full.phases.items()}
+    assert [r for r in bare.routes] == [r for r in full.routes]

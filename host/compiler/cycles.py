@@ -14,9 +14,20 @@ weight per chunk. The replay is a compiled loop (numba);
 ``tests/test_weight_streaming.py`` checks it against the golden model phase
 by phase. Phases of many identical rounds skip the proven repeats of their
 state (:mod:`.replay_periods`), with the same counts as the full replay.
+
+The replay is a deterministic function of its inputs (route tables, queue
+depths, every PE's op rows, the edge ports' injections), so a phase whose
+inputs equal an earlier phase's, byte for byte, has its cycles: the hidden
+layers of an MLP of equal widths share their ``fwd``, ``bwd-data`` and
+``bwd-weight`` replays. :class:`ReplayMemo` keeps those results (keyed by a
+digest of the inputs and compared in full on a hit, so a digest collision
+cannot change a count); ``reuse=False`` replays every phase.
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
 
 import numpy as np
 
@@ -25,7 +36,67 @@ from wse.firmware.training import timing
 
 from .replay import Network, replay
 
-__all__ = ["phase_cycles", "executable_cycles", "phase_ops", "phase_injections", "replay", "Network"]
+__all__ = ["phase_cycles", "executable_cycles", "phase_ops", "phase_injections", "replay", "Network",
+           "ReplayMemo", "MEMO"]
+
+
+class ReplayMemo:
+    """Results of earlier replays, keyed by everything a replay reads.
+
+    :meth:`cycles` returns the replay's count for ``(network, ops, starts,
+    ends, inject)``: the stored one when the same inputs were replayed
+    before (the last ``size`` distinct inputs are kept), else a new replay's.
+    The key is a digest of the route tables, queue depths, op rows, each
+    PE's op range and the injections; a hit also compares the stored inputs
+    in full, so two different phases never share a count.
+    """
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        self.hits = 0
+        self._store: OrderedDict = OrderedDict()
+
+    @staticmethod
+    def _inputs(network: Network, ops, starts, ends, inject) -> tuple:
+        cfg = network.config
+        tables = (network.input_port, network.output_mask, network.n_targets, network.target_kind,
+                  network.target, network.target_port)
+        depths = np.array([cfg.router_depth, cfg.rx_depth, cfg.tx_depth], dtype=np.int64)
+        feed = np.array([(ord(edge), index, color, count) for (edge, index), colors in sorted(inject.items())
+                         for color, count in sorted(colors.items())], dtype=np.int64).reshape(-1, 4)
+        return (*tables, depths, np.ascontiguousarray(ops, dtype=np.int64), np.asarray(starts, dtype=np.int64),
+                np.asarray(ends, dtype=np.int64), feed)
+
+    def cycles(self, network: Network, ops, starts, ends, inject: dict, *, periods: bool = True) -> int:
+        """The replay's cycles of these inputs (:func:`~.replay.replay`), replayed once."""
+        inputs = self._inputs(network, ops, starts, ends, inject)
+        digest = hashlib.blake2b(digest_size=16)
+        for a in inputs:
+            digest.update(np.array(a.shape, dtype=np.int64).tobytes())
+            digest.update(a.tobytes())
+        key = digest.digest()
+        stored = self._store.get(key)
+        if stored is not None and all(x.shape == y.shape and np.array_equal(x, y)
+                                      for x, y in zip(stored[0], inputs)):
+            self._store.move_to_end(key)
+            self.hits += 1
+            return stored[1]
+        result = replay(network, ops, starts, ends, inject, periods=periods)
+        self._store[key] = (inputs, result)
+        while len(self._store) > self.size:
+            self._store.popitem(last=False)
+        return result
+
+
+#: The compiler's memo: phases of equal inputs, within one compile and across compiles, are replayed once.
+MEMO = ReplayMemo()
+
+
+def _replay_phase(network, ops, starts, ends, inject, periods: bool, reuse: bool) -> int:
+    """One phase's cycles: through :data:`MEMO`, or a fresh replay without ``reuse``."""
+    if reuse:
+        return MEMO.cycles(network, ops, starts, ends, inject, periods=periods)
+    return replay(network, ops, starts, ends, inject, periods=periods)
 
 
 def phase_ops(plan, phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,12 +132,15 @@ def phase_injections(phase) -> dict:
 
 
 def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
-                 progress: bool = True) -> dict[str, int]:
+                 progress: bool = True, reuse: bool = True) -> dict[str, int]:
     """Cycles of every phase of a weight-streaming plan, as the golden model counts them.
 
     ``periods`` lets the replay skip proven repeats (:mod:`.replay_periods`;
-    the counts are the same either way); ``progress`` reports the phases on
-    stderr when the model takes more than a few seconds (:mod:`.progress`).
+    the counts are the same either way); ``reuse`` takes the count of a phase
+    whose replay inputs equal an earlier one's from :data:`MEMO` (same counts;
+    ``False`` replays every phase: the reference path with ``periods=False``);
+    ``progress`` reports the phases on stderr when the model takes more than a
+    few seconds (:mod:`.progress`).
     ``program`` is not needed (the timing ops follow ``train.s``); it is
     accepted for callers that pass it.
     """
@@ -78,15 +152,16 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
         for name, phase in plan.phases.items():
             bar.step(name)
             ops, starts, ends = phase_ops(plan, phase)
-            out[name] = replay(network, ops, starts, ends, phase_injections(phase), periods=periods)
+            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse)
     return out
 
 
-def executable_cycles(exe, *, periods: bool = True, progress: bool = True) -> dict[str, int]:
+def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse: bool = True) -> dict[str, int]:
     """Cycles of every phase of a weight-streaming executable, from what it
     holds (op images, routes, weight streams): the counts
     :func:`phase_cycles` gives at compile time, for an executable compiled
-    without them (``generate(plan, cycles=False)``)."""
+    without them (``generate(plan, cycles=False)``); ``periods``, ``progress``
+    and ``reuse`` as for :func:`phase_cycles`."""
     from .progress import Progress
 
     if exe.mode != "weight_streaming":
@@ -110,6 +185,6 @@ def executable_cycles(exe, *, periods: bool = True, progress: bool = True) -> di
                         at += len(ops)
                     starts.append(seen[key][0])
                     ends.append(seen[key][1])
-            out[name] = replay(network, np.concatenate(table), np.array(starts), np.array(ends),
-                               phase_injections(phase), periods=periods)
+            out[name] = _replay_phase(network, np.concatenate(table), np.array(starts), np.array(ends),
+                                      phase_injections(phase), periods, reuse)
     return out

@@ -45,8 +45,10 @@ class Mapper(abc.ABC):
         reason (one sentence stating what is needed and what is available)."""
 
     @abc.abstractmethod
-    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "") -> Executable:
-        """Map ``graph`` and generate its executable (``reason``: why the mode was chosen).
+    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "",
+                cycles: bool = True) -> Executable:
+        """Map ``graph`` and generate its executable (``reason``: why the mode was chosen;
+        ``cycles=False``: a mode whose static cycle model is costly may leave the phases' cycles 0).
 
         Raises
         ------
@@ -69,10 +71,11 @@ class WeightStreamingMapper(Mapper):
             return str(exc)
         return None
 
-    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "") -> Executable:
+    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "",
+                cycles: bool = True) -> Executable:
         from .codegen import generate
         from .weight_streaming import plan
-        return generate(plan(graph, config, batch))
+        return generate(plan(graph, config, batch), cycles=cycles)
 
 
 class PipelinedMapper(Mapper):
@@ -92,7 +95,9 @@ class PipelinedMapper(Mapper):
             return str(exc)
         return None
 
-    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "") -> Executable:
+    def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "",
+                cycles: bool = True) -> Executable:
+        # the layer-pipelined cycle model is cheap: its cycles are always computed
         from .pipelined import plan
         from .pipelined_codegen import OnChipOptimizer, generate, samples_in_flight
         optimizer = OnChipOptimizer.of(optimizer)
@@ -134,7 +139,7 @@ def choose_mode(graph: Graph, config: FabricConfig, batch: int, optimizer=None) 
 
 
 def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str = "weight_streaming",
-                  optimizer=None) -> Executable:
+                  optimizer=None, cycles: bool = True) -> Executable:
     """Compile a layer graph (with its loss) into an executable.
 
     Parameters
@@ -150,6 +155,11 @@ def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str =
     optimizer:
         An ``OptimizerConfig``: the optimizer the PEs run in the pipelined mode
         (ignored by weight streaming, whose optimizer runs in MemoryX).
+    cycles:
+        ``False`` skips weight streaming's static cycle model: every phase's
+        ``cycles`` reads 0 (programs, routes and streams are the same;
+        :func:`~wse.host.compiler.cycles.executable_cycles` computes the
+        counts later). The layer-pipelined mode always counts them.
 
     Raises
     ------
@@ -166,11 +176,13 @@ def compile_graph(graph: Graph, *, config: FabricConfig, batch: int, mode: str =
     if mapper is None:
         known = ", ".join(sorted(MAPPERS))
         raise UsageError(f"mode must be one of {known} or 'auto', not {mode!r}")
-    return mapper.compile(graph, config, batch, optimizer, reason)
+    if not isinstance(cycles, bool):
+        raise UsageError(f"cycles must be True or False, not {cycles!r}")
+    return mapper.compile(graph, config, batch, optimizer, reason, cycles=cycles)
 
 
 def compile_model(model, example_input, *, config: FabricConfig, batch: int, mode: str = "weight_streaming",
-                  loss="cross_entropy", optimizer=None) -> Executable:
+                  loss="cross_entropy", optimizer=None, cycles: bool = True) -> Executable:
     """Compile a PyTorch model for training on the fabric.
 
     Parameters
@@ -190,6 +202,8 @@ def compile_model(model, example_input, *, config: FabricConfig, batch: int, mod
     optimizer:
         The ``OptimizerConfig`` the PEs run in the pipelined mode (None: an
         executable that only evaluates); weight streaming ignores it.
+    cycles:
+        ``False``: skip weight streaming's static cycle model (:func:`compile_graph`).
 
     Raises
     ------
@@ -200,4 +214,4 @@ def compile_model(model, example_input, *, config: FabricConfig, batch: int, mod
     """
     from .frontend import trace
     graph = trace(model, example_input, loss=loss)
-    return compile_graph(graph, config=config, batch=batch, mode=mode, optimizer=optimizer)
+    return compile_graph(graph, config=config, batch=batch, mode=mode, optimizer=optimizer, cycles=cycles)

@@ -184,6 +184,20 @@ def _row_period(rows: np.ndarray) -> int:
     return int(period) if 0 < period <= window.shape[0] // 2 else 0
 
 
+def _stride(rows: np.ndarray) -> int:
+    """The op rows between two stops of the watched PE: a round of its loop
+    (:func:`_row_period`), or, when the middle of a round (of the list, if it
+    has no rounds) repeats a loop 16 or more times shorter (the weight
+    gradients' per-value transfers and outputs), that loop, so that a repeat
+    inside a round is found too (0: no loop at all). Any
+    choice gives the same counts (a skip is taken only on the exact check);
+    it only decides where repeats are looked for."""
+    stride = _row_period(rows)
+    middle = (rows.shape[0] // stride // 2) * stride + stride // 2 if stride else rows.shape[0] // 2
+    inner = _row_period(rows[max(middle - 32, 0):middle + 32])
+    return inner if 0 < inner and (stride == 0 or 16 * inner <= stride) else stride
+
+
 @njit(cache=True)
 def _prefix_function(seq):
     """Knuth-Morris-Pratt: ``fail[i]``, the longest proper border of ``seq[:i + 1]``."""
@@ -204,7 +218,7 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
     colors = routes.input_port.shape[1]
     scalars = _new_scalars(cores.pc, ports, watch)
     base = int(cores.pc[watch])
-    stride = _row_period(ops[base:end])
+    stride = _stride(ops[base:end])
     if stride == 0:           # no rounds to repeat: the plain replay
         scalars[_SEEN_PC] = limit
         status = _run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
