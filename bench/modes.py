@@ -48,7 +48,16 @@ mode the runtime's step with the update on the PEs), the same batches timed in
 alternating blocks over several rounds (medians), and their ratio (baseline:
 weight streaming, in the same run).
 
-Usage: python bench/modes.py [--skip-cycles] [--steps 10] [--rounds 3]
+Data-parallel replicas inside the wafer (``plan(..., replicas=k)``, forward
+pass): for ``k = 1, 2, 4, ...`` copies of the pipeline on strips of
+``width / k`` columns, each with a shard of ``s`` samples (``s`` the largest
+that fits one copy's PE memory, at most 64), the forward phase's cycles of
+``k * s`` samples and the samples per 1M cycles; the ratio to ``k`` times the
+throughput of one copy on the whole mesh with ``s`` samples (baseline, in the
+same run; target at least 0.8), and the number
+:func:`~wse.host.compiler.pipelined_cycles.choose_replicas` picks.
+
+Usage: python bench/modes.py [--skip-cycles] [--replicas-only] [--steps 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ from wse.host.compiler.frontend import trace
 from wse.host.compiler.pipelined import plan
 from wse.firmware.training import pipe_timing
 from wse.firmware.training.timing import BUSY, RECV, VEC
-from wse.host.compiler.pipelined_cycles import pe_fmacs, phase_cycles
+from wse.host.compiler.pipelined_cycles import choose_replicas, pe_fmacs, phase_cycles
 from wse.host.compiler.weight_streaming import FitError
 from wse.host.memoryx.optim import OptimizerConfig
 
@@ -125,6 +134,51 @@ def measure(name: str, dims, config: FabricConfig, ws_batch: int) -> None:
                       round(steady / (ws_cycles / ws_batch), 3)}))
     measure_training(name, graph, macs, config, exe, ws_batch)
     measure_sparsity(name, graph, config)
+
+
+def _largest_shard(graph, config, replicas: int, limit: int = 64) -> int | None:
+    best = None
+    for shard in range(1, limit + 1):
+        try:
+            plan(graph, config, shard * replicas, replicas=replicas)
+        except FitError:
+            break
+        best = shard
+    return best
+
+
+def measure_replicas(name: str, dims, config: FabricConfig) -> None:
+    """Print the replica lines of one model (see the module docstring)."""
+    graph = trace(_mlp(dims), torch.zeros(1, dims[0]))
+    base = None
+    k = 1
+    while k <= config.width:
+        try:
+            shard = _largest_shard(graph, config, k)
+        except FitError as exc:
+            print(json.dumps({"model": name, "mesh": config.mesh, "replicas": k, "fits": False,
+                              "why": str(exc)}))
+            break
+        if shard is None:
+            print(json.dumps({"model": name, "mesh": config.mesh, "replicas": k, "fits": False}))
+            break
+        if base is None:
+            base = shard
+        p = plan(graph, config, k * shard, replicas=k)
+        cycles = phase_cycles(p)["forward"]
+        one = phase_cycles(plan(graph, config, shard))["forward"]      # one copy, whole mesh, same shard
+        rate, one_rate = k * shard / cycles * 1e6, shard / one * 1e6
+        print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "replicas": k,
+                          "shard": shard, "batch": k * shard, "forward_cycles": cycles,
+                          "samples_per_1M_cycles": round(rate), "one_replica_samples_per_1M_cycles": round(one_rate),
+                          "over_k_times_one_replica": round(rate / (k * one_rate), 3), "target": 0.8,
+                          "strip": [config.width // k, config.height],
+                          "slowest_tile": max(r.tile for r in p.regions)}))
+        k *= 2
+    if base is not None:
+        chosen, tried = choose_replicas(graph, config, base)
+        print(json.dumps({"model": name, "mesh": config.mesh, "choose_replicas_batch": base, "chosen": chosen,
+                          "forward_cycles_by_replicas": tried}))
 
 
 def _layer_cycles(plan_, pattern, layer: int) -> float:
@@ -251,15 +305,23 @@ def main(argv: list[str] | None = None) -> None:
     """Run the comparison for FC-MNIST and a small model on 16x16, then the host step times."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cycles", action="store_true", help="only the host step times")
+    parser.add_argument("--replicas-only", action="store_true", help="only the data-parallel replica lines")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     np.random.seed(0)
+    if args.replicas_only:
+        config = FabricConfig(width=16, height=16)
+        measure_replicas("digits 64-32-10", (64, 32, 10), config)
+        measure_replicas("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
+        return
     if not args.skip_cycles:
         config = FabricConfig(width=16, height=16)
         measure("fc_mnist 784-256-256-10", (784, 256, 256, 10), config, 64)
         measure("digits 64-32-10", (64, 32, 10), config, 64)
+        measure_replicas("digits 64-32-10", (64, 32, 10), config)
+        measure_replicas("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
     measure_step_time(max(1, args.steps), max(1, args.rounds))
 
 

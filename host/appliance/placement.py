@@ -3,7 +3,8 @@
 :func:`write_plan` writes ``plan.txt`` (the mode asked for and chosen, why,
 every layer's region, memory per PE and the schedule) and, for a
 layer-pipelined executable, ``placement.png``: the mesh with every PE
-coloured by the layer whose region holds it (left) and its FMAC utilization
+coloured by the layer whose region holds it, each data-parallel replica of the
+pipeline outlined and named (left) and its FMAC utilization
 over a training step (right: FMAC elements of the forward and backward
 phases over the step's cycles, from the static cycle model, which equals the
 golden model's). It also prints the plan.
@@ -37,9 +38,10 @@ def placement_maps(executable: Any) -> tuple[np.ndarray, np.ndarray]:
     plan = plan_of(executable)
     cfg = executable.config
     layer = np.full((cfg.height, cfg.width), -1, dtype=np.int64)
-    for l, region in enumerate(plan.regions):
-        for _, _, x, y in region.cells():
-            layer[y, x] = l
+    for regions, _ in plan.copies():
+        for l, region in enumerate(regions):
+            for _, _, x, y in region.cells():
+                layer[y, x] = l
     names = executable.sequences["train"]
     fmacs = sum(pe_fmacs(plan, name) for name in names if name in ("forward", "backward", "backward_first"))
     cycles = sum(int(executable.phases[name].cycles) for name in names)
@@ -53,16 +55,28 @@ def placement_figure(executable: Any, path: Path) -> None:
     from matplotlib import pyplot as plt
     from matplotlib.colors import ListedColormap
 
+    from matplotlib.patches import Rectangle
+
+    from wse.host.compiler.pipelined_codegen import plan_of
+
     layer, util = placement_maps(executable)
+    plan = plan_of(executable)
     layers = executable.layout.layers
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5), constrained_layout=True)
     colors = ["#dddddd"] + [plt.get_cmap("tab10")(i % 10) for i in range(len(layers))]
     left.imshow(layer + 1, cmap=ListedColormap(colors), vmin=0, vmax=len(layers), origin="upper")
-    for l, spec in enumerate(layers):
-        ys, xs = np.nonzero(layer == l)
-        left.text(xs.mean(), ys.mean(), f"{spec.name}\n{spec.k}->{spec.o}\n{len(xs)} PEs", ha="center",
-                  va="center", fontsize=8)
-    left.set_title(f"regions by layer ({executable.config.mesh} mesh)")
+    for r, (regions, samples) in enumerate(plan.copies()):
+        for spec, region in zip(layers, regions):
+            left.text(region.x0 + (region.cols - 1) / 2, region.y0 + (region.rows - 1) / 2,
+                      f"{spec.name}\n{spec.k}->{spec.o}\n{region.pes} PEs", ha="center", va="center", fontsize=8)
+        if plan.replicas > 1:
+            x0, width = min(reg.x0 for reg in regions), executable.config.width // plan.replicas
+            left.add_patch(Rectangle((x0 - 0.5, -0.5), width, executable.config.height, fill=False, lw=2,
+                                     ec=plt.get_cmap("Dark2")(r % 8)))
+            left.text(x0 + width / 2 - 0.5, -0.7, f"replica {r} ({len(samples)} samples)", ha="center",
+                      va="bottom", fontsize=8)
+    left.set_title(f"regions by layer and replica ({executable.config.mesh} mesh, {plan.replicas} "
+                   f"replica{'s' if plan.replicas > 1 else ''})")
     image = right.imshow(util, cmap="viridis", vmin=0, vmax=1, origin="upper")
     fig.colorbar(image, ax=right, label="FMAC utilization")
     right.set_title(f"FMAC utilization per PE over a step (mean {util.mean():.3f})")

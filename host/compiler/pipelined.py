@@ -19,11 +19,11 @@ import dataclasses
 import numpy as np
 
 from wse.config import FabricConfig, Port, UsageError
-from wse.firmware.kernels.common import chain_routes, multicast_routes
+from wse.firmware.kernels.common import block_partition, chain_routes, multicast_routes
 from wse.firmware.training import pipe
 
 from .ir import Graph
-from .pipelined_place import Region, place
+from .pipelined_place import Region, place_replicas
 from .pipelined_train import (TRAIN_COLORS_USED, backward_records, backward_routes, check_optimizer,
                               train_memory, update_records)
 from .weight_streaming import FitError, WSLayer, _lower, _Memory
@@ -78,6 +78,19 @@ class PipelinedPlan:
     phases: dict
     sequences: dict
     harvest: tuple = ()
+    replica_regions: tuple = ()
+    shards: tuple = ()
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the pipeline on the mesh (data-parallel: each takes a shard of every pass)."""
+        return max(1, len(self.replica_regions))
+
+    def copies(self) -> list:
+        """``(regions, samples)`` of every replica: its regions and the range of a pass's samples it takes."""
+        if not self.replica_regions:
+            return [(self.regions, range(self.batch))]
+        return list(zip(self.replica_regions, self.shards))
 
     def addr(self, name: str) -> int:
         """Address of buffer ``name``."""
@@ -86,6 +99,11 @@ class PipelinedPlan:
     def describe(self) -> list[str]:
         """The plan in lines a person reads: every layer's region and tile, and PE memory."""
         lines = [f"layer-pipelined on a {self.config.mesh} mesh, batch {self.batch}"]
+        if self.replicas > 1:
+            sizes = ", ".join(str(len(s)) for s in self.shards)
+            lines.append(f"  replicas: {self.replicas} copies of the pipeline side by side, "
+                         f"{self.config.width // self.replicas} columns each "
+                         f"(replica 0's regions below, the others moved east), shards of {sizes} samples")
         for layer, region in zip(self.layers, self.regions):
             axis = "columns" if region.inputs_on_columns else "rows"
             lines.append(f"  {layer.name} {layer.k}->{layer.o}: columns {region.x0}-{region.x0 + region.cols - 1}, "
@@ -101,7 +119,8 @@ class PipelinedPlan:
         weight tiles (``Wt[k][o]``, k-major) and biases (at the chain ends) in PE
         memory; ``tile`` and ``bias`` name the buffers (``"m"``, ``"mb"``: the momentum)."""
         writes = []
-        for layer, region in zip(self.layers, self.regions):
+        for layer, region in ((layer, regions[l]) for regions, _ in self.copies()
+                              for l, layer in enumerate(self.layers)):
             w = np.ascontiguousarray(weights[layer.weight], dtype=np.float32)
             for q, p, x, y, ins, outs in self._tiles(region):
                 writes.append((x, y, self.addr(tile), np.ascontiguousarray(w[np.ix_(outs, ins)].T).ravel().view(np.uint32)))
@@ -135,20 +154,33 @@ class PipelinedPlan:
 
     def input_streams(self, x: np.ndarray) -> list[tuple[str, int, int, np.ndarray]]:
         """``(edge, index, color, uint32 words)``: the batch ``x [batch, features]``
-        entering the first region, sample after sample, at the north edge."""
-        region = self.regions[0]
+        entering the first region (of every replica: its shard), sample after sample, at the north edge."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        return [("N", region.x0 + q, INPUT_COLORS[0], np.ascontiguousarray(x[:, block]).ravel().view(np.uint32))
-                for q, block in enumerate(region.in_blocks())]
+        streams = []
+        for regions, samples in self.copies():
+            region, xs = regions[0], x[samples.start:samples.stop]
+            streams += [("N", region.x0 + q, INPUT_COLORS[0], np.ascontiguousarray(xs[:, block]).ravel().view(np.uint32))
+                        for q, block in enumerate(region.in_blocks())]
+        return streams
 
     def logit_cells(self) -> list[tuple[int, int, range]]:
         """``(x, y, classes)``: the PEs holding the logits (``[sample][class]`` at
-        the output store) and the classes each holds."""
+        the output store) and the classes each holds (one replica's; see :meth:`output_cells`)."""
         region = self.regions[-1]
         return [region.pe(region.n_in - 1, p) + (block,) for p, block in enumerate(region.out_blocks())]
 
+    def output_cells(self) -> list[tuple[int, int, range, range]]:
+        """``(x, y, classes, samples)``: the PEs of every replica holding the logits
+        (``[sample][class]`` at the output store), the classes and the pass's samples each holds."""
+        cells = []
+        for regions, samples in self.copies():
+            region = regions[-1]
+            cells += [region.pe(region.n_in - 1, p) + (block, samples) for p, block in enumerate(region.out_blocks())]
+        return cells
 
-def _check_graph(graph: Graph, config: FabricConfig, batch: int, colors: int) -> tuple[list[WSLayer], list[Region]]:
+
+def _check_graph(graph: Graph, config: FabricConfig, batch: int, colors: int,
+                 replicas: int = 1) -> tuple[list[WSLayer], list[list[Region]]]:
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise UsageError(f"batch must be a positive integer, not {batch!r}")
     layers, relu_input = _lower(graph)
@@ -161,10 +193,11 @@ def _check_graph(graph: Graph, config: FabricConfig, batch: int, colors: int) ->
     if len(layers) > config.num_pes:
         raise FitError(f"model {graph.name} has {len(layers)} Linear layers but a {config.mesh} mesh has "
                        f"{config.num_pes} PEs; the layer-pipelined mode needs at least one PE per layer")
-    return layers, place([(layer.k, layer.o) for layer in layers], config)
+    return layers, place_replicas([(layer.k, layer.o) for layer in layers], config, replicas)
 
 
-def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse: bool = False) -> PipelinedPlan:
+def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse: bool = False,
+         replicas: int = 1) -> PipelinedPlan:
     """Map ``graph`` for the layer-pipelined mode with batches of ``batch`` samples on ``config``;
     with an ``optimizer`` (:class:`~wse.host.memoryx.optim.OptimizerConfig`) the
     plan also trains: backward pass and the optimizer on the PEs. With ``sparse``,
@@ -172,6 +205,10 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     only the nonzero activations are sent, as (index, value) pairs; the plan's
     ``harvest[l]`` says which layers do), and the forward phase's cycles depend
     on the activations (:func:`~.pipelined_cycles.phase_cycles` takes their pattern).
+    With ``replicas`` > 1 the pipeline is copied on adjacent strips of columns
+    (:func:`~.pipelined_place.place_replicas`) and each pass's ``batch`` samples
+    are dealt over the copies in contiguous shards (``block_partition``: at least
+    one sample each); an evaluation plan only (training with replicas is refused).
 
     Raises
     ------
@@ -185,8 +222,19 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     """
     if optimizer is not None:
         check_optimizer(optimizer)
-    layers, regions = _check_graph(graph, config, batch, COLORS_USED if optimizer is None else TRAIN_COLORS_USED)
+        if replicas != 1:
+            raise UsageError(f"the layer-pipelined mode trains with one replica; {replicas!r} replicas "
+                             f"evaluate only (their gradient reduction on the fabric is not built)")
+    if sparse and replicas != 1:
+        raise UsageError("activation sparsity harvesting runs with one replica, not with replicas")
+    layers, copies = _check_graph(graph, config, batch, COLORS_USED if optimizer is None else TRAIN_COLORS_USED,
+                                  replicas)
     batch = int(batch)
+    if batch < len(copies):
+        raise UsageError(f"batch {batch} is smaller than the {len(copies)} replicas; each takes at least one sample")
+    shards = tuple(block_partition(batch, len(copies)))
+    regions = copies[0]
+    shard = len(shards[0])
     program = pipe.pipelined_program(config)
     k_max = max(-(-r.k // r.n_in) for r in regions)
     o_max = max(-(-r.o // r.n_out) for r in regions)
@@ -194,8 +242,8 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     mem.take("w", max(r.tile for r in regions), "the weight tile")
     mem.take("b", o_max, "the bias")
     mem.take("acc", o_max, "the partial sums")
-    mem.take("xs", batch * k_max, f"the inputs of {batch} samples in flight")
-    mem.take("ys", batch * o_max, f"the outputs of {batch} samples in flight")
+    mem.take("xs", shard * k_max, f"the inputs of {shard} samples in flight")
+    mem.take("ys", shard * o_max, f"the outputs of {shard} samples in flight")
     harvest = tuple(bool(sparse) and l > 0 and layers[l - 1].relu for l in range(len(layers)))
     if any(harvest):
         mem.take("pair", 2, "the (index, value) pair")
@@ -215,9 +263,13 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
                        f"layer-pipelined mode on a {config.mesh} mesh ({detail}, program data "
                        f"{program.data_end}) but sram_words is {config.sram_words}")
     zero = program.symbol("f_zero")
-    phases = {"forward": (ops["forward"], _forward_records(config, layers, regions, mem, batch, zero, harvest))}
+    forward = [[[] for _ in range(config.width)] for _ in range(config.height)]
+    routes = []
+    for copy, samples in zip(copies, shards):
+        routes += _routes(copy)
+        _forward_records(forward, layers, copy, mem, len(samples), zero, harvest)
+    phases = {"forward": (ops["forward"], forward)}
     sequences = {"eval": ["forward"]}
-    routes = _routes(regions)
     if optimizer is not None:
         routes += backward_routes(regions, _along)
         for name, first in (("backward_first", True), ("backward", False)):
@@ -229,8 +281,9 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
             phases["update_first"] = (ops["update_first"],
                                       update_records(config, layers, regions, mem, optimizer, True))
             sequences["first_update"] = ["update_first"]
+    many = len(copies) > 1
     return PipelinedPlan(config, batch, graph, optimizer, layers, regions, dict(mem.regions), dict(mem.owners),
-                         routes, phases, sequences, harvest)
+                         routes, phases, sequences, harvest, tuple(copies) if many else (), shards if many else ())
 
 
 def _along(region: Region) -> tuple[Port, Port]:
@@ -257,10 +310,10 @@ def _routes(regions: list[Region]) -> list:
     return routes
 
 
-def _forward_records(config: FabricConfig, layers, regions, mem, batch: int, zero: int, harvest=()) -> list:
-    """``[H][W]`` lists of the forward phase's records (``psfwd`` where a PE takes or
-    sends harvested activations, ``harvest[l]``: layer ``l``'s inputs are)."""
-    records = [[[] for _ in range(config.width)] for _ in range(config.height)]
+def _forward_records(records: list, layers, regions, mem, batch: int, zero: int, harvest=()) -> list:
+    """Append the forward phase's records of one copy of the pipeline to the ``[H][W]``
+    lists ``records`` (``psfwd`` where a PE takes or sends harvested activations,
+    ``harvest[l]``: layer ``l``'s inputs are); ``batch``: the copy's samples."""
     a = mem.regions
     last_layer = len(layers) - 1
     for l, (layer, region) in enumerate(zip(layers, regions)):

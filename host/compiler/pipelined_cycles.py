@@ -17,7 +17,7 @@ from wse.firmware.training import pipe, pipe_timing
 
 from .replay import Network, replay
 
-__all__ = ["phase_cycles", "pe_fmacs", "activation_pattern"]
+__all__ = ["phase_cycles", "pe_fmacs", "activation_pattern", "choose_replicas"]
 
 
 def _phase_ops(plan, records, pattern=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -42,9 +42,10 @@ def _phase_ops(plan, records, pattern=None) -> tuple[np.ndarray, np.ndarray, np.
 def _injections(plan, name: str) -> dict:
     inject: dict = {}
     if name == "forward":
-        region = plan.regions[0]
-        for q, block in enumerate(region.in_blocks()):
-            inject.setdefault(("N", region.x0 + q), {})[0] = plan.batch * len(block)
+        for regions, samples in plan.copies():
+            region = regions[0]
+            for q, block in enumerate(region.in_blocks()):
+                inject.setdefault(("N", region.x0 + q), {})[0] = len(samples) * len(block)
     return inject
 
 
@@ -92,3 +93,29 @@ def pe_fmacs(plan, name: str) -> np.ndarray:
                 elif kind == "pbwd":      # fmacw of the weight gradient, dot of the input gradient
                     out[y, x] += f["t"] * f["k"] * f["o"] * (2 if f["dx"] else 1)
     return out
+
+
+def choose_replicas(graph, config, batch: int) -> tuple[int, dict[int, int]]:
+    """``(replicas, {replicas: forward cycles})``: the number of copies of the pipeline
+    (1, 2, 4, ... up to the mesh's width and ``batch``) whose forward pass of ``batch``
+    samples takes the fewest cycles on ``config``'s mesh (the static cycle model, so
+    the golden model's), the fewer copies on a tie; counts that do not fit are left out.
+
+    Raises
+    ------
+    FitError
+        If not even one copy fits (:func:`~.pipelined.plan`'s error).
+    """
+    from .pipelined import plan
+    from .weight_streaming import FitError
+
+    cycles: dict[int, int] = {}
+    k = 1
+    while k <= min(config.width, batch):
+        try:
+            cycles[k] = phase_cycles(plan(graph, config, batch, replicas=k))["forward"]
+        except FitError:
+            if k == 1:
+                raise
+        k *= 2
+    return min(cycles, key=lambda n: (cycles[n], n)), cycles

@@ -28,7 +28,7 @@ from wse.firmware.kernels.common import block_partition
 
 from .weight_streaming import FitError
 
-__all__ = ["Region", "place"]
+__all__ = ["Region", "place", "place_replicas", "replica_width"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,3 +163,28 @@ def _regions(shapes: list[tuple[int, int]], sizes: list[int]) -> list[Region]:
         else:
             regions.append(Region(l, prev.x0, prev.y0 + prev.rows, prev.cols, sizes[l + 1], True, *shapes[l]))
     return regions
+
+
+def replica_width(config: FabricConfig, replicas: int) -> int:
+    """Columns of each replica's strip when ``replicas`` copies of the pipeline share ``config``'s mesh."""
+    return config.width // replicas
+
+
+def place_replicas(shapes: list[tuple[int, int]], config: FabricConfig, replicas: int) -> list[list[Region]]:
+    """``replicas`` copies of the staircase side by side: replica ``r`` on the strip of
+    columns ``r*w .. r*w+w-1`` (``w = width // replicas``, every strip touching the
+    north edge, where its samples enter); each copy is :func:`place` on a
+    ``w x height`` mesh, moved east. The copies have the same shapes, so they
+    compute every sample in the same float order.
+
+    Raises
+    ------
+    FitError
+        If ``replicas`` is not between 1 and the mesh's width, or one copy does
+        not fit its strip.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= config.width:
+        raise FitError(f"replicas must be an integer from 1 to the mesh's width {config.width}, not {replicas!r}")
+    w = replica_width(config, replicas)
+    one = place(shapes, dataclasses.replace(config, width=w))
+    return [[dataclasses.replace(region, x0=region.x0 + r * w) for region in one] for r in range(replicas)]

@@ -238,16 +238,18 @@ class PipelinedDevice:
         return params, self.plan.read_tiles(self._read, "m", "mb") if has_buffers else {}
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, int]:
-        """``(logits [batch, classes], cycles)`` of the batch ``x`` through the resident weights."""
+        """``(logits [batch, classes], cycles)`` of the batch ``x`` through the resident weights
+        (with replicas, each copy of the pipeline takes its shard of the batch at once)."""
         plan = self.plan
         x = np.asarray(x, dtype=np.float32).reshape(plan.batch, -1)
         for edge, index, color, words in plan.input_streams(x):
             self.device.stream_in(edge, index, color, words)
         cycles = self.run_phase("forward")
         logits = np.zeros((plan.batch, plan.layers[-1].o), dtype=np.float32)
-        for x0, y0, block in plan.logit_cells():
-            words = self._read(x0, y0, plan.addr("ys"), plan.batch * len(block))
-            logits[:, np.asarray(block)] = words.view(np.float32).reshape(plan.batch, len(block))
+        for x0, y0, block, samples in plan.output_cells():
+            words = self._read(x0, y0, plan.addr("ys"), len(samples) * len(block))
+            logits[samples.start:samples.stop, np.asarray(block)] = \
+                words.view(np.float32).reshape(len(samples), len(block))
         return logits, cycles
 
     def train_step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, dict]:
