@@ -55,7 +55,13 @@ that fits one copy's PE memory, at most 64), the forward phase's cycles of
 ``k * s`` samples and the samples per 1M cycles; the ratio to ``k`` times the
 throughput of one copy on the whole mesh with ``s`` samples (baseline, in the
 same run; target at least 0.8), and the number
-:func:`~wse.host.compiler.pipelined_cycles.choose_replicas` picks.
+:func:`~wse.host.compiler.pipelined_cycles.choose_replicas` picks. Then
+training with ``k`` copies (SGD with momentum on the PEs, the copies'
+gradients reduced on the fabric): per ``k``, a step of one pass of ``k * s``
+samples (``s`` the largest shard one copy's training memory holds, at most
+64): its cycles (forward, backward, ``reduce``, update), the reduction's
+share, training samples per 1M cycles and the ratio to ``k`` times one copy
+on the whole mesh with ``s`` samples (baseline, same run; target 0.8).
 
 Usage: python bench/modes.py [--skip-cycles] [--replicas-only] [--steps 10] [--rounds 3]
 """
@@ -136,11 +142,11 @@ def measure(name: str, dims, config: FabricConfig, ws_batch: int) -> None:
     measure_sparsity(name, graph, config)
 
 
-def _largest_shard(graph, config, replicas: int, limit: int = 64) -> int | None:
+def _largest_shard(graph, config, replicas: int, limit: int = 64, optimizer=None) -> int | None:
     best = None
     for shard in range(1, limit + 1):
         try:
-            plan(graph, config, shard * replicas, replicas=replicas)
+            plan(graph, config, shard * replicas, optimizer=optimizer, replicas=replicas)
         except FitError:
             break
         best = shard
@@ -179,6 +185,40 @@ def measure_replicas(name: str, dims, config: FabricConfig) -> None:
         chosen, tried = choose_replicas(graph, config, base)
         print(json.dumps({"model": name, "mesh": config.mesh, "choose_replicas_batch": base, "chosen": chosen,
                           "forward_cycles_by_replicas": tried}))
+
+
+def _step_cycles(p) -> tuple[int, dict]:
+    """Cycles of a training step of one pass of ``p.batch`` samples (not a run's first step)."""
+    c = phase_cycles(p)
+    names = p.sequences["first_pass"] + p.sequences["update"]
+    return sum(c[n] for n in names), c
+
+
+def measure_replicas_training(name: str, dims, config: FabricConfig) -> None:
+    """Print the training lines of ``k`` replicas (see the module docstring)."""
+    graph = trace(_mlp(dims), torch.zeros(1, dims[0]))
+    k = 1
+    while k <= config.width:
+        try:
+            shard = _largest_shard(graph, config, k, optimizer=OPTIMIZER)
+        except FitError as exc:
+            print(json.dumps({"model": name, "mesh": config.mesh, "training_replicas": k, "fits": False,
+                              "why": str(exc)}))
+            break
+        if shard is None:
+            print(json.dumps({"model": name, "mesh": config.mesh, "training_replicas": k, "fits": False}))
+            break
+        cycles, phases = _step_cycles(plan(graph, config, k * shard, optimizer=OPTIMIZER, replicas=k))
+        one, _ = _step_cycles(plan(graph, config, shard, optimizer=OPTIMIZER))    # one copy, whole mesh
+        rate, one_rate = k * shard / cycles * 1e6, shard / one * 1e6
+        print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "training_replicas": k,
+                          "shard": shard, "batch": k * shard, "step_cycles": cycles,
+                          "reduce_cycles": phases.get("reduce", 0),
+                          "reduce_fraction": round(phases.get("reduce", 0) / cycles, 3),
+                          "train_samples_per_1M_cycles": round(rate),
+                          "one_replica_train_samples_per_1M_cycles": round(one_rate),
+                          "over_k_times_one_replica": round(rate / (k * one_rate), 3), "target": 0.8}))
+        k *= 2
 
 
 def _layer_cycles(plan_, pattern, layer: int) -> float:
@@ -315,6 +355,8 @@ def main(argv: list[str] | None = None) -> None:
         config = FabricConfig(width=16, height=16)
         measure_replicas("digits 64-32-10", (64, 32, 10), config)
         measure_replicas("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
+        measure_replicas_training("digits 64-32-10", (64, 32, 10), config)
+        measure_replicas_training("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
         return
     if not args.skip_cycles:
         config = FabricConfig(width=16, height=16)
@@ -322,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         measure("digits 64-32-10", (64, 32, 10), config, 64)
         measure_replicas("digits 64-32-10", (64, 32, 10), config)
         measure_replicas("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
+        measure_replicas_training("digits 64-32-10", (64, 32, 10), config)
+        measure_replicas_training("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
     measure_step_time(max(1, args.steps), max(1, args.rounds))
 
 

@@ -15,7 +15,6 @@ from wse.host.compiler.pipelined import plan
 from wse.host.compiler.pipelined_cycles import phase_cycles
 from wse.host.compiler.pipelined_place import place_replicas
 from wse.host.compiler.weight_streaming import FitError
-from wse.host.memoryx.optim import OptimizerConfig
 from wse.host.runtime.pipelined import PipelinedDevice, functional_forward
 
 
@@ -70,8 +69,8 @@ def test_replicas_refused_clearly():
         plan(graph, FabricConfig(width=8, height=3), 3, replicas=4)
     with pytest.raises(FitError, match="replicas must be an integer from 1 to the mesh's width 4"):
         plan(graph, cfg, 8, replicas=5)
-    with pytest.raises(UsageError, match="trains with one replica"):
-        plan(graph, cfg, 8, optimizer=OptimizerConfig("sgd", lr=0.1), replicas=2)
+    with pytest.raises(UsageError, match="harvesting runs with one replica"):
+        plan(graph, cfg, 8, sparse=True, replicas=2)
     with pytest.raises(FitError, match="does not fit a 1x3 mesh"):
         plan(trace(_mlp((6, 5, 4, 3)), torch.zeros(1, 6)), cfg, 8, replicas=4)
 

@@ -30,7 +30,7 @@ PIPE_SOURCE = Path(__file__).resolve().parent / "pipe.s"
 T_RUN = 0
 
 #: Record kinds and their codes (``0`` ends a list).
-KINDS = {"end": 0, "pfwd": 1, "pbwd": 2, "pupd": 3, "psfwd": 4}
+KINDS = {"end": 0, "pfwd": 1, "pbwd": 2, "pupd": 3, "psfwd": 4, "pvop": 5}
 
 #: Fields of each kind in order: ``(name, "word" | DSD)``.
 FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -70,10 +70,14 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "pupd": (("params", "word"), ("wd", "word"), ("mom", "word"), ("first", "word"), ("nest", "word"),
              ("rwd", "word"), ("rmu", "word"), ("rdamp", "word"), ("rlr", "word"),
              ("w", DSD), ("g", DSD), ("m", DSD), ("b", DSD), ("db", DSD), ("mb", DSD)),
+    # One vector instruction (pipe.s): `op` 0 is `fmov d, a`, 1 is `fadd d, a, b`; any
+    # descriptor may be a fabric one. The replicas' gradient reduction is a list of them
+    # (docs/layer_pipelined.md section 6b).
+    "pvop": (("op", "word"), ("d", DSD), ("a", DSD), ("b", DSD)),
 }
 
 #: The prefix of each kind's offset constants in ``pipe.s``.
-PREFIX = {"end": "END", "pfwd": "PF", "pbwd": "PB", "pupd": "PU", "psfwd": "PS"}
+PREFIX = {"end": "END", "pfwd": "PF", "pbwd": "PB", "pupd": "PU", "psfwd": "PS", "pvop": "PV"}
 
 
 def record_words(kind: str) -> int:

@@ -33,6 +33,8 @@ next_op:
         beq     r1, r2, pupd
         li      r2, K_PSFWD
         beq     r1, r2, psfwd
+        li      r2, K_PVOP
+        beq     r1, r2, pvop
         jmp     bad_kind
 op_done:
         ld      r1, R_LEN(r15)
@@ -397,6 +399,24 @@ ps_next:
         add     r8, r8, r4
         addi    r3, r3, -1
         bne     r3, r0, ps_sample
+        jmp     op_done
+
+; ---------------------------------------------------------------------------
+; pvop: one vector instruction from the record, `fmov d, a` (op 0) or
+; `fadd d, a, b` (op 1); its descriptors may be fabric ones. The replicas'
+; gradient reduction (docs/layer_pipelined.md section 6b) is a list of them:
+; a running sum passed east along a row of PEs, copy after copy, and the
+; final sum passed back west.
+pvop:
+        ld      r10, PV_OP(r15)
+        ldsd    d0, PV_D(r15)
+        ldsd    d1, PV_A(r15)
+        bne     r10, r0, pv_add
+        fmov    d0, d1
+        jmp     op_done
+pv_add:
+        ldsd    d2, PV_B(r15)
+        fadd    d0, d1, d2
         jmp     op_done
 
         .task T_RUN, run

@@ -18,7 +18,8 @@ from .timing import _color, _Ops
 
 __all__ = ["pe_ops"]
 
-_DISPATCH = {"pfwd": 2 + 1 + 2, "pbwd": 2 + 1 + 4, "pupd": 2 + 1 + 6, "psfwd": 2 + 1 + 8}   # ld kind, beq end, (li, beq) per kind tested
+_DISPATCH = {"pfwd": 2 + 1 + 2, "pbwd": 2 + 1 + 4, "pupd": 2 + 1 + 6, "psfwd": 2 + 1 + 8,
+             "pvop": 2 + 1 + 10}   # ld kind, beq end, (li, beq) per kind tested
 _OP_DONE = 4                         # ld 2, add, jmp
 
 
@@ -166,6 +167,17 @@ def _pupd(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
+def _pvop(ops: _Ops, f: dict) -> None:
+    n = f["d"][2]
+    ops.busy(7)                                           # ld, 2 ldsd, bne
+    if f["op"]:
+        ops.busy(2)                                       # ldsd
+        ops.vec(n, in1=_color(f["a"]), in2=_color(f["b"]), out=_color(f["d"]))
+    else:
+        ops.vec(n, in1=_color(f["a"]), out=_color(f["d"]))
+    ops.busy(1)                                           # jmp op_done
+
+
 def pe_ops(words: np.ndarray, start: int = 0, pattern=None) -> np.ndarray:
     """The timing ops of one PE running the ``pipe.s`` op list that begins at ``words[start]``;
     ``pattern`` (per layer, ``[T, features]`` booleans: the input word is not +0) for
@@ -183,6 +195,6 @@ def pe_ops(words: np.ndarray, start: int = 0, pattern=None) -> np.ndarray:
         if kind == "psfwd":
             _psfwd(ops, fields, pattern)
         else:
-            {"pfwd": _pfwd, "pbwd": _pbwd, "pupd": _pupd}[kind](ops, fields)
+            {"pfwd": _pfwd, "pbwd": _pbwd, "pupd": _pupd, "pvop": _pvop}[kind](ops, fields)
         ops.busy(_OP_DONE)
         at += length if length else HEADER_WORDS

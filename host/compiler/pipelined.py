@@ -24,6 +24,7 @@ from wse.firmware.training import pipe
 
 from .ir import Graph
 from .pipelined_place import Region, place_replicas
+from .pipelined_reduce import REDUCE_COLORS_USED, reduce_records, reduce_routes
 from .pipelined_train import (TRAIN_COLORS_USED, backward_records, backward_routes, check_optimizer,
                               train_memory, update_records)
 from .weight_streaming import FitError, WSLayer, _lower, _Memory
@@ -64,7 +65,8 @@ class PipelinedPlan:
         of a training step: a batch of ``n`` samples runs in passes of
         ``batch`` samples, ``"first_pass"`` (its gradients start at +0) then
         ``"pass"`` (they accumulate), and ends with ``"update"`` (or
-        ``"first_update"`` on a run's first step, which creates the momentum buffers).
+        ``"first_update"`` on a run's first step, which creates the momentum buffers),
+        with replicas preceded by ``"reduce"`` (the copies' gradients summed on the fabric).
     """
     config: FabricConfig
     batch: int
@@ -135,11 +137,12 @@ class PipelinedPlan:
         for q, p, x, y in region.cells():
             yield q, p, x, y, np.asarray(ins[q]), np.asarray(outs[p])
 
-    def read_tiles(self, read, tile: str = "w", bias: str = "b") -> dict[str, np.ndarray]:
+    def read_tiles(self, read, tile: str = "w", bias: str = "b", replica: int = 0) -> dict[str, np.ndarray]:
         """The parameters (or, with ``"m"``, ``"mb"``, the momentum buffers) by name,
-        assembled from PE memory; ``read(x, y, address, words)`` returns ``uint32`` words."""
+        assembled from the PE memory of copy ``replica`` of the pipeline;
+        ``read(x, y, address, words)`` returns ``uint32`` words."""
         out = {}
-        for layer, region in zip(self.layers, self.regions):
+        for layer, region in zip(self.layers, self.copies()[replica][0]):
             w = np.zeros((region.o, region.k), dtype=np.float32)
             b = np.zeros(region.o, dtype=np.float32)
             for q, p, x, y, ins, outs in self._tiles(region):
@@ -208,7 +211,9 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     With ``replicas`` > 1 the pipeline is copied on adjacent strips of columns
     (:func:`~.pipelined_place.place_replicas`) and each pass's ``batch`` samples
     are dealt over the copies in contiguous shards (``block_partition``: at least
-    one sample each); an evaluation plan only (training with replicas is refused).
+    one sample each); a training plan then adds the ``reduce`` phase before the
+    update (:mod:`.pipelined_reduce`: the copies' gradients summed on the fabric
+    in copy order, the sum given to every copy).
 
     Raises
     ------
@@ -222,13 +227,10 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     """
     if optimizer is not None:
         check_optimizer(optimizer)
-        if replicas != 1:
-            raise UsageError(f"the layer-pipelined mode trains with one replica; {replicas!r} replicas "
-                             f"evaluate only (their gradient reduction on the fabric is not built)")
     if sparse and replicas != 1:
         raise UsageError("activation sparsity harvesting runs with one replica, not with replicas")
-    layers, copies = _check_graph(graph, config, batch, COLORS_USED if optimizer is None else TRAIN_COLORS_USED,
-                                  replicas)
+    colors = COLORS_USED if optimizer is None else TRAIN_COLORS_USED if replicas == 1 else REDUCE_COLORS_USED
+    layers, copies = _check_graph(graph, config, batch, colors, replicas)
     batch = int(batch)
     if batch < len(copies):
         raise UsageError(f"batch {batch} is smaller than the {len(copies)} replicas; each takes at least one sample")
@@ -249,6 +251,8 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
         mem.take("pair", 2, "the (index, value) pair")
     if optimizer is not None:
         train_memory(mem, max(r.tile for r in regions), k_max, o_max, optimizer)
+        if len(copies) > 1:
+            reduce, reduce_rows = reduce_records(config, layers, copies, mem)
     ops = {"forward": mem.take("ops:forward", pipe.record_words("psfwd" if any(harvest) else "pfwd") + 2,
                                "op lists")}
     if optimizer is not None:
@@ -257,6 +261,9 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
         ops["update"] = mem.take("ops:update", pipe.record_words("pupd") + 2, "op lists")
         if optimizer.hyper["momentum"] != 0:
             ops["update_first"] = mem.take("ops:update_first", pipe.record_words("pupd") + 2, "op lists")
+        if len(copies) > 1:
+            longest = max(len(records) for row in reduce for records in row)
+            ops["reduce"] = mem.take("ops:reduce", longest * pipe.record_words("pvop") + 2, "op lists")
     if mem.next > config.sram_words:
         detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
         raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE in the "
@@ -271,19 +278,33 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     phases = {"forward": (ops["forward"], forward)}
     sequences = {"eval": ["forward"]}
     if optimizer is not None:
-        routes += backward_routes(regions, _along)
+        for copy in copies:
+            routes += backward_routes(copy, _along)
         for name, first in (("backward_first", True), ("backward", False)):
-            phases[name] = (ops[name], backward_records(config, layers, regions, mem, batch, zero, first))
-        phases["update"] = (ops["update"], update_records(config, layers, regions, mem, optimizer, False))
+            phases[name] = (ops[name], _merge(backward_records(config, layers, copy, mem, len(samples), zero, first)
+                                              for copy, samples in zip(copies, shards)))
+        phases["update"] = (ops["update"], _merge(update_records(config, layers, copy, mem, optimizer, False)
+                                                  for copy in copies))
+        reduced = []
+        if len(copies) > 1:
+            routes += reduce_routes(copies, reduce_rows)
+            phases["reduce"] = (ops["reduce"], reduce)
+            reduced = ["reduce"]
         sequences.update({"first_pass": ["forward", "backward_first"], "pass": ["forward", "backward"],
-                          "first_update": ["update"], "update": ["update"]})
+                          "first_update": reduced + ["update"], "update": reduced + ["update"]})
         if "update_first" in ops:
-            phases["update_first"] = (ops["update_first"],
-                                      update_records(config, layers, regions, mem, optimizer, True))
-            sequences["first_update"] = ["update_first"]
+            phases["update_first"] = (ops["update_first"], _merge(
+                update_records(config, layers, copy, mem, optimizer, True) for copy in copies))
+            sequences["first_update"] = reduced + ["update_first"]
     many = len(copies) > 1
     return PipelinedPlan(config, batch, graph, optimizer, layers, regions, dict(mem.regions), dict(mem.owners),
                          routes, phases, sequences, harvest, tuple(copies) if many else (), shards if many else ())
+
+
+def _merge(grids) -> list:
+    """One ``[H][W]`` grid of record lists from several (the copies' cells are disjoint)."""
+    grids = list(grids)
+    return [[sum((g[y][x] for g in grids), []) for x in range(len(grids[0][0]))] for y in range(len(grids[0]))]
 
 
 def _along(region: Region) -> tuple[Port, Port]:

@@ -22,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from wse.firmware.training.pipe import T_RUN, pipelined_program
+from wse.host.compiler.pipelined_reduce import reduce_sum
 from wse.sim.devices import make_device
 
 from . import pipelined_kernels as pk
@@ -147,13 +148,18 @@ class PipelinedFunctional:
 
     def train_step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
         """One batch of ``n`` samples ``x [n, ...]``, labels ``y [n]``: ``(loss,
-        logits [n, classes])``; the parameters are updated."""
-        grads, logits = None, []
+        logits [n, classes])``; the parameters are updated. With replicas, each
+        copy's gradients accumulate over its shard of every pass, from +0, and
+        the update takes their sum in copy order (:func:`~wse.host.compiler.pipelined_reduce.reduce_sum`)."""
+        grads, logits = [None] * self.plan.replicas, []
         for xb, yb, real, n in passes(self.plan, x, y):
             outs = functional_forward(self.plan, self.params, xb)
             delta = loss_delta(self.plan, outs[-1], yb, real, n)
-            grads = functional_backward(self.plan, self.params, xb, outs, delta, grads)
+            for r, (_, s) in enumerate(self.plan.copies()):
+                grads[r] = functional_backward(self.plan, self.params, xb[s.start:s.stop],
+                                               [o[s.start:s.stop] for o in outs], delta[s.start:s.stop], grads[r])
             logits.append(outs[-1][:real])
+        grads = reduce_sum(grads) if len(grads) > 1 else grads[0]
         functional_update(self.plan, self.params, grads, self.state, self.steps == 0)
         self.steps += 1
         logits = np.concatenate(logits)
@@ -230,12 +236,13 @@ class PipelinedDevice:
             self.device.memcpy_h2d(addr, words[None, None, :], (x, y, 1, 1))
         self.steps = max(self.steps, 1)
 
-    def read_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """``(parameters, momentum buffers)`` by name, read back from PE memory
-        (the buffers empty before the first step or without momentum)."""
-        params = self.plan.read_tiles(self._read)
+    def read_state(self, replica: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(parameters, momentum buffers)`` by name, read back from the PE memory of
+        copy ``replica`` of the pipeline (the buffers empty before the first step or
+        without momentum; every copy holds the same after a step)."""
+        params = self.plan.read_tiles(self._read, replica=replica)
         has_buffers = "m" in self.plan.memory and self.steps
-        return params, self.plan.read_tiles(self._read, "m", "mb") if has_buffers else {}
+        return params, self.plan.read_tiles(self._read, "m", "mb", replica) if has_buffers else {}
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, int]:
         """``(logits [batch, classes], cycles)`` of the batch ``x`` through the resident weights
@@ -266,8 +273,8 @@ class PipelinedDevice:
             out, c = self.forward(xb)
             cycles["forward"] = cycles.get("forward", 0) + c
             delta = loss_delta(plan, out, yb, real, n)
-            for x0, y0, block in plan.logit_cells():
-                words = np.ascontiguousarray(delta[:, np.asarray(block)]).ravel().view(np.uint32)
+            for x0, y0, block, s in plan.output_cells():
+                words = np.ascontiguousarray(delta[s.start:s.stop, np.asarray(block)]).ravel().view(np.uint32)
                 self.device.memcpy_h2d(plan.addr("ys"), words[None, None, :], (x0, y0, 1, 1))
             for name in plan.sequences["first_pass" if i == 0 else "pass"][1:]:
                 cycles[name] = cycles.get(name, 0) + self.run_phase(name)
