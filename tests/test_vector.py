@@ -142,3 +142,58 @@ def test_the_vector_device_implements_the_whole_contract():
         return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
     for name in DEVICE_CALLS:
         assert parameters(getattr(VectorFabric, name)) == parameters(getattr(Device, name)), name
+
+
+@pytest.mark.parametrize("source", [
+    "li r3, 255\n        ldsd d0, 0(r3)",          # the descriptor's second word is outside memory
+    "activate 5",                                 # a task without an entry point
+], ids=["ldsd-edge", "activate"])
+def test_scalar_faults_equal_golden(source):
+    cfg = FabricConfig(width=2, height=1, sram_words=256)
+    program = assemble(f"""
+        .task 0, main
+    main:
+        {source}
+        exit
+    """, config=cfg)
+    messages = _fault_messages(program, cfg)
+    assert messages[0] == messages[1] and "PE (1, 0)" in messages[0]
+
+
+def _fault_messages(program, cfg):
+    """The fault of ``program`` run on PE (1, 0), on the golden and on the vectorized model."""
+    messages = []
+    for cls in (Fabric, VectorFabric):
+        device = cls(cfg)
+        device.load(program)
+        device.launch(0, rect=(1, 0, 1, 1))
+        with pytest.raises(ProgramFault) as info:
+            device.run(max_cycles=200)
+        messages.append(str(info.value))
+    return messages
+
+
+@pytest.mark.parametrize("descriptors,instruction", [
+    ("da: .dsd mem, base=a, len=8, stride=1\ndb: .dsd mem, base=a+250, len=8, stride=1", "fadd d1, d0, d0"),
+    ("da: .dsd mem, base=a, len=4, stride=1\ndb: .dsd fabin, color=1, len=4", "fmov d1, d0"),
+    ("da: .dsd fabin, color=1, len=4\ndb: .dsd fabin, color=1, len=4", "fadd d0, d0, d1"),
+    ("da: .dsd mem, base=a, len=4, stride=1\ndb: .dsd fabout, color=6, len=4", "fmov d1, d0"),
+    ("da: .dsd mem, base=a+253, len=4, stride=1\ndb: .dsd fabin, color=2, len=4", "fmacw d0, d0, d1"),
+    ("da: .dsd mem, base=a, len=4, stride=1\ndb: .dsd mem, base=a+300, len=4, stride=1", "fmacw d0, d0, d1"),
+], ids=["mem-span", "fabin-dst", "same-fabin", "color", "fmacw-fabric-span", "fmacw-mem-span"])
+def test_vector_faults_equal_golden(descriptors, instruction):
+    cfg = FabricConfig(width=2, height=1, sram_words=256, colors=4)    # color 6 is past the mesh's colors
+    program = assemble(f"""
+    .data
+    a:  .float 1.0, 2.0, 3.0, 4.0
+    {descriptors}
+    .text
+    .task 0, main
+    main:
+        ldsd d0, da(r0)
+        ldsd d1, db(r0)
+        {instruction}
+        exit
+    """, config=FabricConfig(width=2, height=1, sram_words=256, colors=8))
+    messages = _fault_messages(program, cfg)
+    assert messages[0] == messages[1] and "PE (1, 0)" in messages[0]

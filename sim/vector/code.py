@@ -16,6 +16,8 @@ import numpy as np
 from wse.firmware import isa
 from wse.sim.golden.decode import K_EXIT, K_RECV, K_SCALAR, K_SEND, K_VECTOR
 
+from .fpk import VOPS
+
 __all__ = ["CodeTable", "K_BAD", "K_SCALAR", "K_VECTOR", "K_SEND", "K_RECV", "K_EXIT", "FIELDS"]
 
 #: The kind of an instruction word that does not decode (a fault when executed).
@@ -30,14 +32,15 @@ class CodeTable:
 
     Columns (``int64`` arrays): ``op`` (opcode, -1 for an undecodable word),
     ``kind`` (``K_*``), ``cycles``, ``vec_fmt`` (1 for the reduction formats
-    VR/VR1, whose destination is a register), ``has_db``, ``has_rs`` and one
+    VR/VR1, whose destination is a register), ``has_db``, ``has_rs``, ``vop``
+    (the compiled kernels' code of a vector instruction, :data:`~.fpk.VOPS`; -1 otherwise) and one
     per name of :data:`FIELDS`; ``words`` the instruction words and
     ``errors`` the decode error of each undecodable row.
     """
 
     def __init__(self):
         self.cols = {name: np.zeros(0, dtype=np.int64) for name in
-                     ("op", "kind", "cycles", "vec_fmt", "has_db", "has_rs") + FIELDS}
+                     ("op", "kind", "cycles", "vec_fmt", "has_db", "has_rs", "vop") + FIELDS}
         self.words = np.zeros(0, dtype=np.uint32)
         self.errors: dict[int, str] = {}
         self._programs: dict[int, tuple] = {}
@@ -61,11 +64,12 @@ class CodeTable:
             try:
                 ins, fields = isa.decode(word)
             except ValueError as exc:
-                rows["op"][i], rows["kind"][i], rows["cycles"][i] = -1, K_BAD, 1
+                rows["op"][i], rows["kind"][i], rows["cycles"][i], rows["vop"][i] = -1, K_BAD, 1, -1
                 self.errors[base + i] = str(exc)
                 continue
             rows["op"][i] = ins.opcode
             rows["cycles"][i] = ins.cycles
+            rows["vop"][i] = VOPS.get(ins.name, -1)
             if ins.is_vector:
                 kind = K_VECTOR
             elif ins.name in ("send", "sendc"):
@@ -85,5 +89,6 @@ class CodeTable:
         for name in self.cols:
             self.cols[name] = np.concatenate([self.cols[name], rows[name]])
         self.words = np.concatenate([self.words, words])
+        self.__dict__.update(self.cols)    # the columns as attributes: no __getattr__ on the hot path
         self._programs[key] = (program, base, n)
         return base, n

@@ -32,11 +32,12 @@ from wse.firmware.isa import BY_NAME
 from wse.sim.golden.errors import FabricHang, ProgramFault
 from wse.sim.golden.hostargs import HostArgs, Rect, stream_words
 
-from .code import K_BAD, K_EXIT, K_SCALAR, K_SEND, K_VECTOR, CodeTable
+from .code import K_BAD, K_EXIT, K_SEND, K_VECTOR, CodeTable
 from .routers import VectorRouters
-from .scalar import execute_scalar
+from .scalar import run_scalars
 from .state import COUNTERS, PeState
-from .vector import MEM, begin_fabric_vector, vector_elements, vector_memory
+from . import veck
+from .vector import begin_fabric_vector, vector_elements, vector_memory
 
 __all__ = ["VectorFabric"]
 
@@ -203,29 +204,37 @@ class VectorFabric(HostArgs):
         idle, or after ``max_cycles`` cycles (default 50 million)."""
         limit = 50_000_000 if max_cycles is None else int(max_cycles)
         self.cycle_limit = limit
+        routers = self.routers
+        self.s.reset_run_state()
+        routers.begin_run()
+        try:
+            t = self._loop(limit)
+        finally:
+            routers.end_run()
+        t = max(t - 1, 0)
+        self.cycle = t
+        self.total_cycles += t
+        return t
+
+    def _loop(self, limit: int) -> int:
+        """The cycles of a run (see :meth:`run`); returns the cycle after the last one."""
         s, routers, C = self.s, self.routers, self.colors
-        s.reset_run_state()
         due_tx: list = []
         self._next_tx = []
         t = 0
         while True:
             if t >= limit:
                 self.cycle = t
+                routers.end_run()
                 raise FabricHang(f"the fabric did not become idle within {limit} cycles", self._report(), t)
-            first = t % C
-            gr, gc = routers.grants(first)
-            injections = routers.injections(first) if routers.edge_in else []
-            moves = routers.from_ramp()
+            moving = routers.decide(t % C)
             self.moved = 0
             self._step_pes(t)
-            progress = bool(gr.size or injections or moves.size or self.moved or due_tx)
-            pushed = routers.apply(gr, gc)
-            routers.inject(injections)
-            routers.take_from_ramp(moves)
+            progress = moving or self.moved or due_tx
+            woken = routers.finish()
             for pes, data, color in due_tx:
                 s.tx_push(pes, data, color, 0)
             due_tx, self._next_tx = self._next_tx, []
-            woken = np.concatenate([pushed, moves]) if pushed.size or moves.size else _EMPTY
             if woken.size:
                 w = woken[s.waiting[woken]]
                 s.waiting[w] = False
@@ -237,15 +246,13 @@ class VectorFabric(HostArgs):
             if live.any():
                 t = max(t, int(s.time[live].min()))
                 continue
-            if routers.count.any() or s.tcount.any() or routers.edge_in or s.running.any() or s.rcount.any():
+            if routers.count.any() or s.tcount.any() or routers.edge_pending() or s.running.any() \
+                    or s.rcount.any():
                 self.cycle = t
+                routers.end_run()
                 raise FabricHang(f"the fabric stopped making progress at cycle {t} before becoming idle",
                                  self._report(), t)
-            break
-        t = max(t - 1, 0)
-        self.cycle = t
-        self.total_cycles += t
-        return t
+            return t
 
     def _step_pes(self, t: int) -> None:
         """The PEs' work of cycle ``t``."""
@@ -301,29 +308,23 @@ class VectorFabric(HostArgs):
         return pes
 
     def _run_ahead(self, pes: np.ndarray, t: int) -> np.ndarray:
-        """Run private instructions (scalar, exit, memory vector) of ``pes`` ahead of the clock;
-        returns the PEs at a fabric instruction due in cycle ``t``."""
+        """Run private instructions (scalar, exit, memory vector) of ``pes`` ahead of the clock, below
+        the run's cycle limit; returns the PEs at a fabric instruction due in cycle ``t``."""
         s, code = self.s, self.code
         now = []
         while pes.size:
-            pes = pes[s.time[pes] < self.cycle_limit]
-            pc = s.pc[pes]
-            bad = (pc < 0) | (pc >= s.ncode[pes])
-            if bad.any():
-                p = int(pes[np.flatnonzero(bad)[0]])
-                raise self.fault(p, f"instruction fetch outside the program (0..{int(s.ncode[p]) - 1})")
-            rows = s.base[pes] + pc
+            pes = run_scalars(self, pes)     # the PEs now at a vector, exit or fabric instruction
+            rows = s.base[pes] + s.pc[pes]
             kind = code.kind[rows]
-            if (kind == K_BAD).any():
-                k = int(np.flatnonzero(kind == K_BAD)[0])
-                raise self.fault(int(pes[k]), code.errors[int(rows[k])])
-            private = kind == K_SCALAR
+            private = np.zeros(pes.size, dtype=bool)
             vec = np.flatnonzero(kind == K_VECTOR)
             if vec.size:
-                touches = self._touches_fabric(pes[vec], rows[vec])
-                private[vec[~touches]] = True
+                private[vec] = ~self._touches_fabric(pes[vec], rows[vec])
             if private.any():
-                self._private(pes[private], rows[private], kind[private])
+                p, r = pes[private], rows[private]
+                n = vector_memory(self, p, r)
+                s.pc[p] += 1
+                s.time[p] += n + code.cycles[r]
             exits = kind == K_EXIT
             if exits.any():
                 self._exit(pes[exits])
@@ -335,25 +336,9 @@ class VectorFabric(HostArgs):
 
     def _touches_fabric(self, pes, rows) -> np.ndarray:
         s, code = self.s, self.code
-        dst = np.where(code.vec_fmt[rows] == 0, s.dsd_kind[pes, code.dd[rows]], MEM)
-        a = s.dsd_kind[pes, code.da[rows]]
-        b = np.where(code.has_db[rows] == 1, s.dsd_kind[pes, code.db[rows]], MEM)
-        return (dst != MEM) | (a != MEM) | (b != MEM)
-
-    def _private(self, pes, rows, kind) -> None:
-        s, code = self.s, self.code
-        s.counters["instructions"][pes] += np.where(kind == K_SCALAR, 1, 0)
-        sc = kind == K_SCALAR
-        if sc.any():
-            p, r = pes[sc], rows[sc]
-            npc = execute_scalar(self, p, r)
-            s.pc[p] = np.where(npc < 0, s.pc[p] + 1, npc)
-            s.time[p] += code.cycles[r]
-        if not sc.all():
-            p, r = pes[~sc], rows[~sc]
-            n = vector_memory(self, p, r)
-            s.pc[p] += 1
-            s.time[p] += n + code.cycles[r]
+        out = np.empty(pes.size, dtype=bool)
+        veck.touches_fabric(pes, rows, code.dd, code.da, code.db, code.vec_fmt, code.has_db, s.dsd_kind, out)
+        return out
 
     def _exit(self, pes) -> None:
         s = self.s
@@ -382,27 +367,13 @@ class VectorFabric(HostArgs):
         if (color >= C).any():
             k = int(np.flatnonzero(color >= C)[0])
             raise self.fault(int(pes[k]), f"color {int(color[k])} is not below colors={C}")
-        send = kind == K_SEND
-        ok = np.where(send, s.tcount[pes] < s.tx_depth, s.rcount[pes, np.minimum(color, C - 1)] > 0)
-        s.waiting[pes[~ok]] = True
-        pes, rows, send, color = pes[ok], rows[ok], send[ok], color[ok]
-        if send.any():
-            p, r = pes[send], rows[send]
-            ctrl = (code.op[r] == _SENDC).astype(np.uint8)
-            s.tx_push(p, s.regs[p, code.ra[r]], color[send], ctrl)
-        recv = ~send
-        if recv.any():
-            p, c, rd = pes[recv], color[recv], code.rd[rows[recv]]
-            data, _ = s.rx_head(p, c)
-            s.rx_pop(p, c)
-            keep = rd != 0
-            s.regs[p[keep], rd[keep]] = data[keep]
-        self.moved += pes.size
-        s.counters["instructions"][pes] += 1
-        s.counters["stall"][pes] += t - s.instr_start[pes]
-        s.instr_start[pes] = -1
-        s.pc[pes] += 1
-        s.time[pes] = t + code.cycles[rows]
+        went = np.empty(pes.size, dtype=np.int64)
+        k = veck.send_recv(pes, rows, t, kind == K_SEND, _SENDC, code.op, code.ra, code.rd, code.color, code.cycles,
+                           s.regs, s.rdata, s.rhead, s.rcount, s.tdata, s.tcolor, s.tctrl, s.thead,
+                           s.tcount, s.tx_depth, s.waiting, s.counters["instructions"], s.counters["stall"],
+                           s.instr_start, s.pc, s.time, went)
+        pes = went[:k]
+        self.moved += k
         return pes, begun
 
     # ------------------------------------------------------------------ reports

@@ -11,10 +11,13 @@ from the start-of-cycle state for all routers at once:
   queue has room, the mesh edge always accepts);
 * the grants: colors visited in rotating order from ``first``, a candidate
   granted when none of its outputs was granted to an earlier color (atomic
-  multicast). The loop is over colors, each step over every busy router.
+  multicast).
 
+Both are compiled loops over the routers (:mod:`wse.sim.vector.kernels`).
 Pushes into one FIFO never collide within a cycle (a FIFO takes from one
-input port only), so the end of the cycle is a handful of scatters.
+input port only), so the end of the cycle can run router by router. During
+a run the edge-port input queues are flat arrays (:meth:`begin_run`), put
+back into ``edge_in`` by :meth:`end_run`.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import numpy as np
 
 from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE, route_outputs
 
+from . import kernels
+
 __all__ = ["VectorRouters"]
 
-_RAMP = int(Port.RAMP)
-_OPPOSITE = np.array([int(Port(p).opposite) for p in range(4)], dtype=np.int64)
+_NONE = np.zeros(0, dtype=np.int64)
 _EDGE_PORTS = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
 
 
@@ -62,7 +66,8 @@ class VectorRouters:
         self.edge_in: dict[tuple[str, int], dict[int, deque]] = {}
         self.edge_out: dict[tuple[str, int, int], list] = {}
         self.hops = 0
-        self._order = None
+        self._keys = None
+        self.stream_left = np.zeros(0, dtype=np.int64)
 
     # ------------------------------------------------------------------ tables
     def set_route(self, x: int, y: int, color: int, input, outputs) -> None:
@@ -71,7 +76,6 @@ class VectorRouters:
         self.route_in[r, color] = ROUTE_INPUT_NONE if input is None else int(Port(input))
         mask, _ = route_outputs(x, y, outputs, self.width, self.height)
         self.route_mask[r, color] = mask
-        self._order = None
 
     def route(self, r: int, color: int) -> tuple[int, tuple[Port, ...]]:
         """``(input code, output ports in port order)`` of ``color`` at router ``r``."""
@@ -88,130 +92,95 @@ class VectorRouters:
         """Queue ``(data, ctrl)`` pairs for injection at edge port ``(edge, index)``."""
         self.edge_in.setdefault((edge, index), {}).setdefault(color, deque()).extend(wavelets)
 
-    # ------------------------------------------------------------------ decisions
-    def grants(self, first: int):
-        """This cycle's grants from the start-of-cycle state: ``(routers, colors)`` index arrays."""
-        rows = np.flatnonzero(self.count.any(axis=1))
-        if rows.size == 0:
-            return rows, rows
-        C, D = self.colors, self.depth
-        accept, nbr = self._accepting()
-        mask = self.route_mask[rows]
-        cand = (self.count[rows] > 0) & (mask != 0)
-        cols = np.arange(C)
-        room = np.concatenate([self.count < D, np.ones((1, C), dtype=bool)])
-        for p in range(4):
-            has = (mask >> p & 1).astype(bool)
-            cand &= ~has | (accept[p][rows] & room[nbr[rows, p]])
-        has = (mask >> _RAMP & 1).astype(bool)
-        cand &= ~has | (self.q.rcount[rows] < self.q.rx_depth)
-        multi = cand.sum(axis=1) > 1
-        granted = cand.copy()
-        if multi.any():
-            sub = np.flatnonzero(multi)
-            used = np.zeros(sub.size, dtype=np.int64)
-            order = (first + cols) % C
-            for c in order:
-                m = mask[sub, c]
-                ok = cand[sub, c] & ((m & used) == 0)
-                granted[sub, c] = ok
-                used |= np.where(ok, m, 0)
-        r, c = np.nonzero(granted)
-        return rows[r], c
+    # ------------------------------------------------------------------ a run
+    def begin_run(self) -> None:
+        """Lay the edge-port input queues out as arrays for the compiled kernels (until :meth:`end_run`)."""
+        n, C = self.count.shape[0], self.colors
+        keys = list(self.edge_in)
+        self._keys = keys
+        self.edge_r = np.zeros(len(keys), dtype=np.int64)
+        self.edge_p = np.zeros(len(keys), dtype=np.int64)
+        self.edge_stream = np.full((len(keys), C), -1, dtype=np.int64)
+        colors, lefts, starts, words, flags = [], [], [], [], []
+        for g, key in enumerate(keys):
+            self.edge_r[g], self.edge_p[g] = self.edge_port(*key)
+            for c, q in self.edge_in[key].items():
+                self.edge_stream[g, c] = len(colors)
+                colors.append(c)
+                starts.append(len(words))
+                lefts.append(len(q))
+                for d, k in q:
+                    words.append(d)
+                    flags.append(k)
+        self.stream_color = np.array(colors, dtype=np.int64)
+        self.stream_pos = np.array(starts, dtype=np.int64)
+        self.stream_left = np.array(lefts, dtype=np.int64)
+        self.stream_words = np.array(words, dtype=np.uint32)
+        self.stream_flags = np.array(flags, dtype=np.uint8)
+        self._gr = np.zeros(n * C, dtype=np.int64)
+        self._gc = np.zeros(n * C, dtype=np.int64)
+        self._moves = np.zeros(n, dtype=np.int64)
+        self._chosen = np.full(len(keys), -1, dtype=np.int64)
+        self._woken = np.zeros(n * C + n, dtype=np.int64)
+        self._out = np.zeros((2 * (self.width + self.height) * C + 1, 5), dtype=np.int64)
+        self._pending = (0, 0, 0)
 
-    def _accepting(self):
-        """Per port ``p``: ``[r, c]`` the link leaving ``r`` by ``p`` reaches a router that routes ``c``
-        from the facing port (the mesh edge always accepts); and the neighbours with the edge as row ``n``.
-        Depends on the route tables only, so it is kept until a route changes."""
-        if self._order is None:
-            n = self.nbr.shape[0]
-            nbr = np.where(self.nbr < 0, n, self.nbr)
-            accept = []
-            for p in range(4):
-                nb = self.nbr[:, p]
-                ok = self.route_in[np.maximum(nb, 0)] == _OPPOSITE[p]
-                ok[nb < 0] = True
-                accept.append(ok)
-            self._order = (accept, nbr)
-        return self._order
+    def end_run(self) -> None:
+        """Put the wavelets not injected back into the edge-port queues (``edge_in``)."""
+        if self._keys is None:
+            return
+        left = {}
+        for g, key in enumerate(self._keys):
+            for c in range(self.colors):
+                s = self.edge_stream[g, c]
+                if s >= 0 and self.stream_left[s] > 0:
+                    i = self.stream_pos[s]
+                    wavelets = zip(self.stream_words[i:i + self.stream_left[s]].tolist(),
+                                   self.stream_flags[i:i + self.stream_left[s]].tolist())
+                    left.setdefault(key, {})[c] = deque(wavelets)
+        self.edge_in.clear()
+        self.edge_in.update(left)
+        self.stream_left = np.zeros(0, dtype=np.int64)
+        self._keys = None
 
-    def injections(self, first: int) -> list[tuple]:
-        """This cycle's edge injections ``(port key, router, color)`` (spec 3.6)."""
-        out = []
-        C, D = self.colors, self.depth
-        for key, queues in self.edge_in.items():
-            r, port = self.edge_port(*key)
-            for c in sorted(queues, key=lambda c: (c - first) % C):
-                if self.route_in[r, c] == port and self.count[r, c] < D:
-                    out.append((key, r, c))
-                    break
-        return out
+    def edge_pending(self) -> bool:
+        """Whether an edge port still has wavelets to inject (during a run)."""
+        return bool(self.stream_left.any())
 
-    def from_ramp(self) -> np.ndarray:
-        """The PEs whose output-queue head their router's RAMP input takes this cycle."""
+    # ------------------------------------------------------------------ a cycle
+    def decide(self, first: int) -> bool:
+        """This cycle's decisions from the start-of-cycle state (grants, RAMP takes, edge
+        injections), kept for :meth:`finish`; returns whether anything will move."""
         q = self.q
-        senders = np.flatnonzero(q.tcount > 0)
-        if senders.size == 0:
-            return senders
-        color = q.tcolor[senders, q.thead[senders]]
-        ok = (self.route_in[senders, color] == _RAMP) & (self.count[senders, color] < self.depth)
-        return senders[ok]
+        self._pending = kernels.decide(
+            first, self.count, self.route_in, self.route_mask, self.nbr, self.depth, q.rcount, q.rx_depth,
+            q.tcount, q.thead, q.tcolor, self.edge_r, self.edge_p, self.edge_stream, self.stream_left,
+            self._gr, self._gc, self._moves, self._chosen)
+        return any(self._pending)
 
-    # ------------------------------------------------------------------ end of the cycle
-    def _push(self, r, c, data, ctrl) -> None:
-        slot = (self.head[r, c] + self.count[r, c]) % self.depth
-        self.data[r, c, slot] = data
-        self.ctrl[r, c, slot] = ctrl
-        self.count[r, c] += 1
-
-    def apply(self, r: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Pop every granted head and send a copy on each output; returns the PEs given a wavelet."""
-        if r.size == 0:
-            return r
-        h = self.head[r, c]
-        data, ctrl = self.data[r, c, h], self.ctrl[r, c, h]
-        self.head[r, c] = (h + 1) % self.depth
-        self.count[r, c] -= 1
-        mask = self.route_mask[r, c]
-        hops = 0
-        for p in range(4):
-            sel = (mask >> p & 1).astype(bool)
-            if not sel.any():
-                continue
-            hops += int(sel.sum())
-            nb = self.nbr[r[sel], p]
-            inside = nb >= 0
-            if inside.any():
-                self._push(nb[inside], c[sel][inside], data[sel][inside], ctrl[sel][inside])
-            if not inside.all():
-                edge = Port(p).name
-                for rr, cc, d, k in zip(r[sel][~inside].tolist(), c[sel][~inside].tolist(),
-                                        data[sel][~inside].tolist(), ctrl[sel][~inside].tolist()):
-                    index = rr % self.width if p in (0, 2) else rr // self.width
-                    self.edge_out.setdefault((edge, index, cc), []).append((d, k))
-        sel = (mask >> _RAMP & 1).astype(bool)
-        hops += int(sel.sum())
+    def finish(self) -> np.ndarray:
+        """Carry out the decisions at the end of the cycle: granted heads popped and copied to their
+        outputs, edge injections, RAMP takes. Returns the PEs whose input queue got a wavelet or whose
+        output queue lost one (the waiting PEs among them wake up)."""
+        grants, moves, injections = self._pending
+        if not (grants or moves or injections):
+            return _NONE
+        q = self.q
+        hops, nw, ne = kernels.apply(self._gr, self._gc, grants, self.data, self.ctrl, self.head, self.count,
+                                     self.route_mask, self.nbr, q.rdata, q.rctrl, q.rhead, q.rcount,
+                                     self._woken, self._out)
         self.hops += hops
-        if sel.any():
-            self.q.rx_push(r[sel], c[sel], data[sel], ctrl[sel])
-        return r[sel]
-
-    def inject(self, injections: list[tuple]) -> None:
-        """Move the chosen edge-port heads into their FIFOs."""
-        for key, r, c in injections:
-            queues = self.edge_in[key]
-            data, ctrl = queues[c].popleft()
-            self._push(np.array([r]), np.array([c]), data, ctrl)
-            if not queues[c]:
-                del queues[c]
-                if not queues:
-                    del self.edge_in[key]
-
-    def take_from_ramp(self, moves: np.ndarray) -> None:
-        """Move the output-queue heads of ``moves`` into their routers' FIFOs."""
-        if moves.size:
-            data, color, ctrl = self.q.tx_pop(moves)
-            self._push(moves, color, data, ctrl)
+        for p, r, c, d, k in self._out[:ne].tolist():
+            index = r % self.width if p in (0, 2) else r // self.width
+            self.edge_out.setdefault((Port(p).name, index, c), []).append((d, k))
+        if injections:
+            kernels.inject(self._chosen, self.edge_r, self.stream_color, self.stream_pos, self.stream_left,
+                           self.stream_words, self.stream_flags, self.data, self.ctrl, self.head, self.count)
+        if moves:
+            kernels.take(self._moves, moves, self.data, self.ctrl, self.head, self.count,
+                         q.tdata, q.tcolor, q.tctrl, q.thead, q.tcount)
+            self._woken[nw:nw + moves] = self._moves[:moves]
+        return self._woken[:nw + moves]
 
     # ------------------------------------------------------------------ reports
     def stuck(self) -> list[str]:

@@ -1,129 +1,227 @@
 """Scalar instructions of the vectorized model, for a group of PEs at once.
 
-:func:`execute_scalar` runs one scalar instruction on each PE of a group
-(each PE may be at a different program counter; the group is split by
-opcode, and each opcode's PEs gather their operand fields from the code
-table). The semantics are those of :mod:`wse.sim.golden.decode`, bit for bit.
+:func:`run_scalars` runs the scalar instructions of each PE of a group
+ahead of the clock, up to its next other instruction (each PE may be at a
+different program counter), in one compiled loop over the group
+(:func:`_scalar_kernel`): each PE's operand fields come from the code
+table's columns. The semantics are those of
+:mod:`wse.sim.golden.decode`, bit for bit; binary32 operations are
+:mod:`wse.sim.vector.fpk`'s. A fault stops the loop and is raised with the
+golden model's message.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from wse import numerics as fp
 from wse.firmware.isa import BY_OPCODE
 
-__all__ = ["execute_scalar", "M32"]
+from .code import K_BAD, K_SCALAR
+from .fpk import as_f32, as_u32, fadd, fmax, fmul, fsub, ftz
+
+__all__ = ["run_scalars", "M32", "SOPS"]
 
 M32 = 0xFFFFFFFF
 
+#: The scalar operations of the compiled kernel, in code order.
+SOPS = ("add", "sub", "and", "or", "xor", "shl", "shr", "sra", "mul", "slt", "sltu", "sfadd", "sfsub",
+        "sfmul", "sfmax", "sflt", "addi", "andi", "ori", "xori", "shli", "shri", "srai", "ftoi", "itof",
+        "li", "lui", "nop", "jmp", "beq", "bne", "blt", "bge", "ld", "st", "activate", "block", "unblock",
+        "ldsd", "setb", "addb", "setl")
+_CODE = {name: i for i, name in enumerate(SOPS)}
+#: Scalar operation code by opcode (-1: not a scalar instruction of the table).
+SOP_OF = np.full(max(BY_OPCODE) + 1, -1, dtype=np.int64)
+for _op, _ins in BY_OPCODE.items():
+    SOP_OF[_op] = _CODE.get(_ins.name, -1)
 
-def _s32(v: np.ndarray) -> np.ndarray:
-    return v.astype(np.uint32).view(np.int32).astype(np.int64)
-
-
-def _u(v) -> np.ndarray:
-    return np.asarray(v, dtype=np.int64) & M32
-
-
-_BINOP = {
-    "add": lambda a, b: (a + b) & M32, "sub": lambda a, b: (a - b) & M32,
-    "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
-    "shl": lambda a, b: (a << (b & 31)) & M32, "shr": lambda a, b: a >> (b & 31),
-    "sra": lambda a, b: (_s32(a) >> (b & 31)) & M32,
-    "mul": lambda a, b: ((a & 0xFFFF) * b + (((a >> 16) * b & 0xFFFF) << 16)) & M32,
-    "slt": lambda a, b: (_s32(a) < _s32(b)).astype(np.int64), "sltu": lambda a, b: (a < b).astype(np.int64),
-    "sfadd": lambda a, b: _u(fp.vadd(a.astype(np.uint32), b.astype(np.uint32))),
-    "sfsub": lambda a, b: _u(fp.vsub(a.astype(np.uint32), b.astype(np.uint32))),
-    "sfmul": lambda a, b: _u(fp.vmul(a.astype(np.uint32), b.astype(np.uint32))),
-    "sfmax": lambda a, b: _u(fp.vmax(a.astype(np.uint32), b.astype(np.uint32))),
-    "sflt": lambda a, b: _u(fp.vlt(a.astype(np.uint32), b.astype(np.uint32))),
-}
-_IMMOP = {
-    "addi": lambda a, imm: (a + imm) & M32, "andi": lambda a, imm: a & imm, "ori": lambda a, imm: a | imm,
-    "xori": lambda a, imm: a ^ imm, "shli": lambda a, imm: (a << (imm & 31)) & M32,
-    "shri": lambda a, imm: a >> (imm & 31), "srai": lambda a, imm: (_s32(a) >> (imm & 31)) & M32,
-    "ftoi": lambda a, imm: _u(fp.vftoi(a.astype(np.uint32))),
-    "itof": lambda a, imm: _u(fp.vitof(a.astype(np.uint32))),
-}
-_BRANCH = {"beq": lambda a, b: a == b, "bne": lambda a, b: a != b,
-           "blt": lambda a, b: _s32(a) < _s32(b), "bge": lambda a, b: _s32(a) >= _s32(b)}
+_ADDRESS, _TASK, _UNKNOWN, _FETCH, _BAD = 1, 2, 3, 4, 5
+_K_SCALAR, _K_BAD = K_SCALAR, K_BAD
 
 
-def _write(s, pes, rd, value) -> None:
-    keep = rd != 0
-    if keep.all():
-        s.regs[pes, rd] = value
-    elif keep.any():
-        s.regs[pes[keep], rd[keep]] = np.asarray(value)[keep] if np.ndim(value) else value
+@njit(inline="always")
+def _s32(v):
+    v = np.int64(v) & M32
+    return v - (1 << 32) if v & 0x80000000 else v
 
 
-def _address(fab, pes, rows, addr) -> np.ndarray:
-    bad = addr >= fab.s.sram_words
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise fab.fault(int(pes[k]), f"data address {int(addr[k])} outside memory 0..{fab.s.sram_words - 1}")
-    return addr
+@njit(inline="always")
+def _ftoi(a):
+    a = ftz(a)
+    f = as_f32(a)
+    if f != f:
+        return 0
+    v = np.float64(f)
+    if v >= 2147483648.0:
+        return 0x7FFFFFFF
+    if v < -2147483648.0:
+        return 0x80000000
+    return np.int64(v) & M32
 
 
-def execute_scalar(fab, pes: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Run the scalar instruction at ``rows`` on ``pes``; returns each PE's next pc (-1: the next one)."""
-    s, code = fab.s, fab.code
-    ops = code.op[rows]
-    npc = np.full(pes.size, -1, dtype=np.int64)
-    for op in np.unique(ops).tolist():
-        sel = np.flatnonzero(ops == op) if ops.size > 1 else np.arange(1)
-        p, r = pes[sel], rows[sel]
-        name = BY_OPCODE[op].name
-        rd, ra, rb, imm = code.rd[r], code.ra[r], code.rb[r], code.imm[r]
-        regs = s.regs
-        if name in _BINOP:
-            _write(s, p, rd, _BINOP[name](regs[p, ra].astype(np.int64), regs[p, rb].astype(np.int64)))
-        elif name in _IMMOP:
-            _write(s, p, rd, _IMMOP[name](regs[p, ra].astype(np.int64), imm))
-        elif name == "li":
-            _write(s, p, rd, imm & M32)
-        elif name == "lui":
-            _write(s, p, rd, (imm << 16) & M32)
-        elif name == "nop":
-            pass
-        elif name == "jmp":
-            npc[sel] = code.target[r]
-        elif name in _BRANCH:
-            taken = _BRANCH[name](regs[p, ra].astype(np.int64), regs[p, rb].astype(np.int64))
-            npc[sel] = np.where(taken, code.target[r], -1)
-        elif name == "ld":
-            addr = _address(fab, p, r, (regs[p, ra].astype(np.int64) + imm) & M32)
-            _write(s, p, rd, s.mem[p, addr])
-        elif name == "st":
-            addr = _address(fab, p, r, (regs[p, ra].astype(np.int64) + imm) & M32)
-            s.mem[p, addr] = regs[p, code.rs[r]]
-        elif name in ("activate", "block", "unblock"):
-            task = code.task[r]
-            fab.check_task(p, task)
-            if name == "activate":
-                s.activated[p, task] = True
-            else:
-                s.blocked[p, task] = name == "block"
-        elif name == "ldsd":
-            addr = _address(fab, p, r, (regs[p, ra].astype(np.int64) + imm) & M32)
-            w0 = s.mem[p, addr].astype(np.int64)
-            w1 = s.mem[p, _address(fab, p, r, addr + 1)].astype(np.int64)
-            dd = code.dd[r]
+@njit(inline="always")
+def _binop(o, a, b):
+    if o == 0:
+        return (a + b) & M32
+    if o == 1:
+        return (a - b) & M32
+    if o == 2:
+        return a & b
+    if o == 3:
+        return a | b
+    if o == 4:
+        return a ^ b
+    if o == 5:
+        return (a << (b & 31)) & M32
+    if o == 6:
+        return a >> (b & 31)
+    if o == 7:
+        return (_s32(a) >> (b & 31)) & M32
+    if o == 8:
+        return np.int64((np.uint64(a) * np.uint64(b)) & np.uint64(M32))
+    if o == 9:
+        return 1 if _s32(a) < _s32(b) else 0
+    if o == 10:
+        return 1 if a < b else 0
+    ua, ub = np.uint32(a), np.uint32(b)
+    if o == 11:
+        return np.int64(fadd(ua, ub))
+    if o == 12:
+        return np.int64(fsub(ua, ub))
+    if o == 13:
+        return np.int64(fmul(ua, ub))
+    if o == 14:
+        return np.int64(fmax(ua, ub))
+    fa, fb = as_f32(ftz(ua)), as_f32(ftz(ub))
+    return 1 if fa < fb else 0
+
+
+@njit(fastmath=False, cache=True)
+def _scalar_kernel(pes, limit, base, ncode, kinds, sop, op, rd, ra, rb, imm, rs, target, task, dd, cycles, regs,
+                   mem, dsd_kind, dsd_base, dsd_len, dsd_stride, activated, blocked, entry, pc, time, instructions,
+                   stopped):
+    """Run each PE's scalar instructions ahead of the clock (pc, time and the instruction count
+    advanced) until its next instruction is not a scalar one (the PE is written to ``stopped``) or its
+    time reaches ``limit`` (left out). Returns ``(-1, 0, 0, stopped count)``, or at a fault
+    ``(j, kind, value, 0)`` with that PE at the faulting instruction."""
+    words, ntasks = mem.shape[1], entry.shape[1]
+    k = 0
+    for j in range(pes.size):
+        p = pes[j]
+        while time[p] < limit:
+            if pc[p] < 0 or pc[p] >= ncode[p]:
+                return j, _FETCH, ncode[p] - 1, 0
+            r = base[p] + pc[p]
+            if kinds[r] != _K_SCALAR:
+                if kinds[r] == _K_BAD:
+                    return j, _BAD, r, 0
+                stopped[k] = p
+                k += 1
+                break
+            fault, value = _scalar(p, r, sop, op, rd, ra, rb, imm, rs, target, task, dd, cycles, regs, mem,
+                                   dsd_kind, dsd_base, dsd_len, dsd_stride, activated, blocked, entry, pc, time,
+                                   instructions, words, ntasks)
+            if fault:
+                return j, fault, value, 0
+    return -1, 0, 0, k
+
+
+@njit(inline="always")
+def _scalar(p, r, sop, op, rd, ra, rb, imm, rs, target, task, dd, cycles, regs, mem, dsd_kind, dsd_base,
+            dsd_len, dsd_stride, activated, blocked, entry, pc, time, instructions, words, ntasks):
+    """One scalar instruction (row ``r``) on PE ``p``: ``(0, 0)`` or ``(fault kind, value)``."""
+    o = sop[op[r]]
+    a = np.int64(regs[p, ra[r]])
+    b = np.int64(regs[p, rb[r]])
+    im = imm[r]
+    value = np.int64(-1)
+    npc = pc[p] + 1
+    if o < 0:
+        return _UNKNOWN, op[r]
+    if o <= 15:
+        value = _binop(o, a, b)
+    elif o <= 22:    # addi .. srai: add .. sra with the immediate
+        value = _binop((0, 2, 3, 4, 5, 6, 7)[o - 16], a, im)
+    elif o == 23:
+        value = _ftoi(np.uint32(a))
+    elif o == 24:
+        value = np.int64(as_u32(np.float32(_s32(a))))
+    elif o == 25:
+        value = im & M32
+    elif o == 26:
+        value = (im << 16) & M32
+    elif o == 28:
+        npc = target[r]
+    elif 29 <= o <= 32:
+        if o == 29:
+            taken = a == b
+        elif o == 30:
+            taken = a != b
+        elif o == 31:
+            taken = _s32(a) < _s32(b)
+        else:
+            taken = _s32(a) >= _s32(b)
+        if taken:
+            npc = target[r]
+    elif o == 33 or o == 34 or o == 38:
+        addr = (a + im) & M32
+        if addr >= words:
+            return _ADDRESS, addr
+        if o == 33:
+            value = np.int64(mem[p, addr])
+        elif o == 34:
+            mem[p, addr] = regs[p, rs[r]]
+        else:
+            if addr + 1 >= words:
+                return _ADDRESS, addr + 1
+            w0, w1 = np.int64(mem[p, addr]), np.int64(mem[p, addr + 1])
+            d = dd[r]
             stride = (w1 >> 16) & 0xFFFF
-            s.dsd_kind[p, dd] = w1 & 3
-            s.dsd_base[p, dd] = w0 & 0xFFFF
-            s.dsd_len[p, dd] = w0 >> 16
-            s.dsd_stride[p, dd] = np.where(stride & 0x8000, stride - 0x10000, stride)
-        elif name in ("setb", "addb", "setl"):
-            dd = code.dd[r]
-            value = regs[p, ra].astype(np.int64)
-            if name == "setb":
-                s.dsd_base[p, dd] = value & 0xFFFF
-            elif name == "addb":
-                s.dsd_base[p, dd] = (s.dsd_base[p, dd] + value) & 0xFFFF
-            else:
-                s.dsd_len[p, dd] = value & 0xFFFF
-        else:  # the ISA table grew: add its semantics here and in the golden decoder
-            raise AssertionError(f"no vector-model semantics for {name}")
-    return npc
+            dsd_kind[p, d] = w1 & 3
+            dsd_base[p, d] = w0 & 0xFFFF
+            dsd_len[p, d] = w0 >> 16
+            dsd_stride[p, d] = stride - 0x10000 if stride & 0x8000 else stride
+    elif 35 <= o <= 37:
+        k = task[r]
+        if k >= ntasks or entry[p, k] < 0:
+            return _TASK, k
+        if o == 35:
+            activated[p, k] = True
+        else:
+            blocked[p, k] = o == 36
+    elif o == 39:
+        dsd_base[p, dd[r]] = a & 0xFFFF
+    elif o == 40:
+        dsd_base[p, dd[r]] = (dsd_base[p, dd[r]] + a) & 0xFFFF
+    elif o == 41:
+        dsd_len[p, dd[r]] = a & 0xFFFF
+    if value >= 0 and rd[r] != 0:
+        regs[p, rd[r]] = value
+    pc[p] = npc
+    time[p] += cycles[r]
+    instructions[p] += 1
+    return 0, 0
+
+
+def run_scalars(fab, pes: np.ndarray) -> np.ndarray:
+    """Run the scalar instructions of ``pes`` ahead of the clock (below the run's cycle limit);
+    returns the PEs now at another instruction. A fault is raised with the golden model's message."""
+    s, code = fab.s, fab.code
+    stopped = np.empty(pes.size, dtype=np.int64)
+    j, kind, value, k = _scalar_kernel(
+        pes, fab.cycle_limit, s.base, s.ncode, code.kind, SOP_OF, code.op, code.rd, code.ra, code.rb, code.imm,
+        code.rs, code.target, code.task, code.dd, code.cycles, s.regs, s.mem, s.dsd_kind, s.dsd_base, s.dsd_len,
+        s.dsd_stride, s.activated, s.blocked, s.entry, s.pc, s.time, s.counters["instructions"], stopped)
+    if j < 0:
+        return stopped[:k]
+    pe = int(pes[j])
+    if kind == _ADDRESS:
+        raise fab.fault(pe, f"data address {value} outside memory 0..{s.sram_words - 1}")
+    if kind == _TASK:
+        raise fab.fault(pe, f"task {value} has no entry point in the program")
+    if kind == _FETCH:
+        raise fab.fault(pe, f"instruction fetch outside the program (0..{value})")
+    if kind == _BAD:
+        raise fab.fault(pe, code.errors[int(value)])
+    # the ISA table grew: add its semantics here and in the golden decoder
+    raise AssertionError(f"no vector-model semantics for {BY_OPCODE[int(value)].name}")
