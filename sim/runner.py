@@ -10,7 +10,7 @@ Command line::
 
     wse kernel --list
     wse kernel NAME [--mesh WxH] [--seed S] [--rows R --cols C] [--n N]
-                    [--variant row|column] [--sram-words K] [--backend B] [--json]
+                    [--variant row|column|random|power] [--sparsity S] [--sram-words K] [--backend B] [--json]
                     [--trace FILE.json] [--trace-region X,Y,W,H] [--trace-queue X,Y ...]
                     [--pictures DIR]
 
@@ -181,7 +181,9 @@ def _parser() -> _Parser:
     parser.add_argument("--rows", type=int, help="gemv: rows of W")
     parser.add_argument("--cols", type=int, help="gemv: columns of W")
     parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce)")
-    parser.add_argument("--variant", help="broadcast, reduce: row or column (default row)")
+    parser.add_argument("--variant", help="broadcast, reduce: row or column (default row); spgemm, spmv: random or "
+                        "power (the mask's distribution)")
+    parser.add_argument("--sparsity", type=float, help="spgemm, spmv: fraction of zero weights, in [0, 1)")
     parser.add_argument("--sram-words", type=int, help="PE data memory in words (default from the configuration)")
     parser.add_argument("--backend", default="golden",
                         help=f"device: {', '.join(device_names())} (default golden)")
@@ -255,7 +257,7 @@ def main(argv: list[str]) -> int:
     config = FabricConfig(width=width, height=height)
     if args.sram_words is not None:
         config = config.replace(sram_words=args.sram_words)
-    given = {"rows": args.rows, "cols": args.cols, "n": args.n, "variant": args.variant}
+    given = {"rows": args.rows, "cols": args.cols, "n": args.n, "variant": args.variant, "sparsity": args.sparsity}
     wrong = [f"--{key}" for key, value in given.items() if value is not None and key not in kernel.defaults]
     if wrong:
         takes = ", ".join(f"--{key}" for key in kernel.defaults)

@@ -45,8 +45,10 @@ def test_kernels_equal_golden(name, mesh):
             made[cls] = cls(config)
             return made[cls]
         return make
-    want = run_kernel(name, cfg, seed=5, device=maker(Fabric))
-    got = run_kernel(name, cfg, seed=5, device=maker(VectorFabric))
+    # spgemm's partial-sum ring holds at most 8 tokens per column: keep within it on narrow meshes.
+    sizes = {"n": 8 * mesh[0]} if name == "spgemm" and 8 * mesh[0] < 16 else {}
+    want = run_kernel(name, cfg, seed=5, device=maker(Fabric), **sizes)
+    got = run_kernel(name, cfg, seed=5, device=maker(VectorFabric), **sizes)
     assert got["bit_exact"] and got["backend"] == "vector"
     assert got["cycles"] == want["cycles"] > 0
     assert_same(made[Fabric], made[VectorFabric], cfg)

@@ -14,6 +14,8 @@ either bit exact or wrong. A kernel drives any device through the host API
 ``dot``        x . y, x streamed, scalars reduced to one (:mod:`.dot`)
 ``broadcast``  copy a vector along every row or column (:mod:`.lines`)
 ``reduce``     sum the vectors of every row or column (:mod:`.lines`)
+``spgemm``     Y = W X, W sparse: only non-zeros streamed, index-tagged (:mod:`.spgemm`)
+``spmv``       y = W x, the one-token ``spgemm``
 =============  ================================================================
 """
 
@@ -26,11 +28,12 @@ from .gemv import Gemv
 from .axpy import Axpy
 from .dot import Dot
 from .lines import Broadcast, Reduce
+from .spgemm import Spgemm, Spmv
 
 __all__ = ["KERNELS", "Kernel", "get_kernel"]
 
 #: Every library kernel by name.
-KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce())}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv())}
 
 
 def get_kernel(name: str) -> Kernel:
