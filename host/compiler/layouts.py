@@ -191,6 +191,14 @@ class PipelinedLayout(Layout):
         executable only evaluates).
     reason:
         Why this mode was chosen (for the plan a person reads).
+    replicas:
+        Data-parallel copies of the pipeline on strips of columns side by side
+        (``docs/layer_pipelined.md`` section 6b; ``regions`` are copy 0's, copy
+        ``r``'s are moved east by ``r * (width // replicas)`` columns); each pass's
+        ``in_flight`` samples are dealt over them. An executable written before
+        the field existed loads with 1.
+    replicas_reason:
+        Why that many copies (the cycles of a step with each number tried).
     """
 
     mode: ClassVar[str] = "pipelined"
@@ -204,6 +212,8 @@ class PipelinedLayout(Layout):
     in_flight: int
     optimizer: Mapping[str, Any] | None
     reason: str = ""
+    replicas: int = 1
+    replicas_reason: str = ""
 
     @property
     def logits(self) -> str:
@@ -220,6 +230,14 @@ class PipelinedLayout(Layout):
     def describe(self) -> list[str]:
         lines = [f"layer-pipelined: {self.in_flight} samples in flight per pass; weights"
                  f"{' and optimizer state' if self.optimizer else ''} resident in PE memory"]
+        if self.replicas > 1:
+            summed = "; their gradients summed on the fabric in copy order before the update" if self.optimizer else ""
+            lines.append(f"  replicas: {self.replicas} copies of the pipeline on {self.replicas} equal strips of "
+                         f"columns side by side (copy r moved east by r strips); a pass's {self.in_flight} samples "
+                         f"dealt over them in contiguous shards{summed}")
+            lines.append("  copy 0's regions (the others the same, moved east):")
+        else:
+            lines.append("  replicas: 1 copy of the pipeline")
         for layer, (_, x0, y0, cols, rows, on_columns, k, o) in zip(self.layers, self.regions):
             n_in, n_out = (cols, rows) if on_columns else (rows, cols)
             tile = -(-k // n_in) * -(-o // n_out)
@@ -227,18 +245,22 @@ class PipelinedLayout(Layout):
                          f"({rows * cols} PEs), largest tile {tile} multiply-adds per sample")
         if self.reason:
             lines.append(f"  why: {self.reason}")
+        if self.replicas_reason:
+            lines.append(f"  why {self.replicas} {'copies' if self.replicas > 1 else 'copy'}: {self.replicas_reason}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {"layers": [dataclasses.asdict(layer) for layer in self.layers],
                 "regions": [list(region) for region in self.regions], "in_flight": self.in_flight,
-                "optimizer": None if self.optimizer is None else dict(self.optimizer), "reason": self.reason}
+                "optimizer": None if self.optimizer is None else dict(self.optimizer), "reason": self.reason,
+                "replicas": self.replicas, "replicas_reason": self.replicas_reason}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PipelinedLayout":
         return cls(tuple(WSLayer(**layer) for layer in data["layers"]),
                    tuple(tuple(region) for region in data["regions"]), int(data["in_flight"]),
-                   data["optimizer"], str(data.get("reason", "")))
+                   data["optimizer"], str(data.get("reason", "")), int(data.get("replicas", 1)),
+                   str(data.get("replicas_reason", "")))
 
 
 #: Execution mode -> its layout class.

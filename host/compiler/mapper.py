@@ -96,13 +96,20 @@ class PipelinedMapper(Mapper):
         return None
 
     def compile(self, graph: Graph, config: FabricConfig, batch: int, optimizer=None, reason: str = "",
-                cycles: bool = True) -> Executable:
+                cycles: bool = True, replicas: int | None = None) -> Executable:
+        """As :meth:`Mapper.compile`; ``replicas``: the copies of the pipeline (None:
+        :func:`~.pipelined_codegen.choose_step_replicas` picks the number that
+        trains the most samples per cycle, the fewer copies on a tie)."""
         # the layer-pipelined cycle model is cheap: its cycles are always computed
         from .pipelined import plan
-        from .pipelined_codegen import OnChipOptimizer, generate, samples_in_flight
+        from .pipelined_codegen import OnChipOptimizer, choose_step_replicas, generate, samples_in_flight
         optimizer = OnChipOptimizer.of(optimizer)
-        in_flight = samples_in_flight(graph, config, batch, optimizer)
-        return generate(plan(graph, config, in_flight, optimizer), batch, reason)
+        if replicas is None:
+            replicas, _, why = choose_step_replicas(graph, config, batch, optimizer)
+        else:
+            why = f"{replicas} {'copies were' if replicas != 1 else 'copy was'} asked for"
+        in_flight = samples_in_flight(graph, config, batch, optimizer, replicas)
+        return generate(plan(graph, config, in_flight, optimizer, replicas=replicas), batch, reason, why)
 
 
 #: Mode name -> mapper, in the order :func:`choose_mode` tries them.

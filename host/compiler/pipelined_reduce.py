@@ -31,7 +31,8 @@ from wse.config import Port
 from wse.numerics import as_bits, as_float, vadd
 from wse.firmware.training import pipe
 
-__all__ = ["EAST_COLORS", "WEST_COLORS", "REDUCE_COLORS_USED", "reduce_routes", "reduce_records", "reduce_sum"]
+__all__ = ["EAST_COLORS", "WEST_COLORS", "REDUCE_COLORS_USED", "reduce_routes", "reduce_records", "conveyor_stages",
+           "reduce_sum"]
 
 #: Colors of the east conveyor (by the sending column's parity) and of the west one.
 EAST_COLORS = (9, 10)
@@ -109,6 +110,30 @@ def reduce_records(config, layers, copies, mem) -> tuple[list, list]:
                         if c > lx:
                             records[y][c].append(_op(0, send, g))                    # and passes it on
     return records, rows
+
+
+def conveyor_stages(grid) -> tuple[list, list]:
+    """The reduce phase's ``[H][W]`` record lists split into ``(east, west)``: the
+    records that move an east stream and those that move a west one. Every PE runs
+    all its east records before its west ones, and the east conveyor alone (each
+    PE taking from its west neighbour and giving to its east one) never waits on
+    the west one, so the east streams all finish, then the west ones: the phase
+    cannot deadlock if neither conveyor can on its own. The static deadlock check
+    (:func:`~.route_check.check_pipelined`) is given the two stages as phases of
+    their own; on the whole phase at once it would see each PE's two queues wait
+    on each other, which the order of its records rules out."""
+    from wse.firmware.isa import DsdKind
+
+    east = [[[] for _ in row] for row in grid]
+    west = [[[] for _ in row] for row in grid]
+    for y, row in enumerate(grid):
+        for x, records in enumerate(row):
+            for words in records:
+                _, fields = pipe.decode(words)[:2]
+                colors = [v[1] for v in fields.values()
+                          if isinstance(v, tuple) and v[0] in (DsdKind.FABIN, DsdKind.FABOUT)]
+                (east if colors and colors[0] in EAST_COLORS else west)[y][x].append(words)
+    return east, west
 
 
 def reduce_sum(grads: list[dict]) -> dict:
