@@ -22,8 +22,8 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
-__all__ = ["StreamIn", "StreamOut", "MathOp", "Sgemm", "SgemmTransposed", "Relu", "ReluMask", "SoftmaxDelta",
-           "WeightGradient", "Phase"]
+__all__ = ["StreamIn", "StreamOut", "MathOp", "Sgemm", "SgemmTransposed", "SparseSgemm", "Relu", "ReluMask",
+           "SoftmaxDelta", "WeightGradient", "Phase"]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -145,7 +145,7 @@ class MathOp:
         if tag == Sgemm.op:
             data.pop("transposed", None)
             return Sgemm(**data)
-        cls = {c.op: c for c in (Relu, ReluMask, SoftmaxDelta, WeightGradient)}.get(tag)
+        cls = {c.op: c for c in (SparseSgemm, Relu, ReluMask, SoftmaxDelta, WeightGradient)}.get(tag)
         if cls is None:
             raise ValueError(f"unknown math operation {tag!r}")
         return cls(**data)
@@ -178,6 +178,28 @@ class SgemmTransposed(MathOp):
 
     def to_manifest(self) -> dict[str, Any]:
         return {"op": self.op, "weight": self.weight, "bias": None, "x": self.x, "y": self.y, "transposed": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSgemm(MathOp):
+    """The sparse streamed GEMM ``y = (W * mask) x + b`` of a layer with a static
+    mask: ``W [O, K]`` (``weight``), ``x [K, B]``, ``bias [O]`` (None: none),
+    ``y [O, B]``; ``nonzeros`` are the kept weights' flat indices ``o*K + k``
+    (ascending, :func:`~.sparse.nonzeros`). Only those are multiplied, in the
+    order of ``docs/weight_streaming.md`` section 13 (:func:`~.sparse.reference_forward`)."""
+
+    op: ClassVar[str] = "spgemm"
+    weight: str
+    bias: str | None
+    x: str
+    y: str
+    nonzeros: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
 
 
 @dataclasses.dataclass(frozen=True)

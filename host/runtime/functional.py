@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from wse.host.compiler.schedule import (MathOp, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta,
-                                        WeightGradient)
+                                        SparseSgemm, WeightGradient)
 
 from . import kernels
 from .backend import Backend, HostData, RunResult
@@ -75,8 +75,8 @@ class FunctionalBackend(Backend):
         self.starts = np.array([block.start for block in blocks], dtype=np.int64)
         self.counts = np.array([len(block) for block in blocks], dtype=np.int64)
         self._ops: dict[type, Callable[[_Step, MathOp], None]] = {
-            Sgemm: self._sgemm, SgemmTransposed: self._sgemm_transposed, Relu: self._relu, ReluMask: self._mask,
-            SoftmaxDelta: self._softmax, WeightGradient: self._wgrad}
+            Sgemm: self._sgemm, SgemmTransposed: self._sgemm_transposed, SparseSgemm: self._spgemm,
+            Relu: self._relu, ReluMask: self._mask, SoftmaxDelta: self._softmax, WeightGradient: self._wgrad}
 
     def run(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray]) -> RunResult:
         return self._execute(sequence, host, weights, self.starts, self.counts, partials=False)
@@ -107,6 +107,11 @@ class FunctionalBackend(Backend):
     def _sgemm(self, step: _Step, op: Sgemm) -> None:
         bias = step.w[op.bias] if op.bias else None
         step.acts[op.y] = kernels.sgemm(step.w[op.weight], step.acts[op.x], bias, self.height)
+
+    def _spgemm(self, step: _Step, op: SparseSgemm) -> None:
+        bias = step.w[op.bias] if op.bias else None
+        step.acts[op.y] = kernels.spgemm(step.w[op.weight], step.acts[op.x], bias,
+                                         np.asarray(op.nonzeros, dtype=np.int64), self.height)
 
     def _sgemm_transposed(self, step: _Step, op: SgemmTransposed) -> None:
         step.acts[op.y] = kernels.sgemm_transposed(step.w[op.weight], step.acts[op.x], self.height)

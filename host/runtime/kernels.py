@@ -17,6 +17,10 @@ Orders (``docs/weight_streaming.md``):
   ``P_i = +0 + w x + w x ...`` over its features ``i, i+H, ...``; the ring
   then sums ``y = add(P_s, b)`` and adds ``P_{s+1}``, ..., ``P_e`` where ``e = o mod H``
   and ``s = e + 1 mod H``.
+* :func:`spgemm`: the sparse forward GEMM (a static mask): row ``i``
+  accumulates ``P_i = +0 + w x + ...`` over its kept features ``k mod H = i``
+  in ascending ``k`` (the start row ``s`` first adds the bias,
+  ``P_s = +0 + b``); then ``y = P_s`` plus ``P_{s+1}``, ..., ``P_e``.
 * :func:`wgrad`: per column ``j``, ``G = +0 + x dy + ...`` over its tokens in
   order; the row chain sums ``+0 + G_0 + G_1 + ...``; the bias the same way
   from ``+0 + dy + dy + ...``. :func:`wgrad_partials` returns the ``G_j``
@@ -30,7 +34,7 @@ from numba import njit
 
 from wse.firmware.training import numerics as fw_numerics
 
-__all__ = ["sgemm", "sgemm_transposed", "wgrad", "wgrad_partials", "softmax_delta", "relu", "relu_mask", "fast_is_exact",
+__all__ = ["sgemm", "sgemm_transposed", "spgemm", "wgrad", "wgrad_partials", "softmax_delta", "relu", "relu_mask", "fast_is_exact",
            "min_abs_nonzero", "canonical_nan"]
 
 _FLT_MIN = np.float32(1.1754943508222875e-38)
@@ -86,6 +90,30 @@ def _sgemm_t_k(w, dy, height, out, ftz):
             for q in range(1, height):
                 y = _fl(y + part[(start + q) % height, t], ftz)
             out[k, t] = y
+
+
+@njit(fastmath=False, cache=True)
+def _spgemm_k(w, x, bias, has_bias, starts, cols, height, out, ftz):
+    n_out = w.shape[0]
+    tokens = x.shape[1]
+    part = np.zeros((height, tokens), dtype=np.float32)
+    for o in range(n_out):
+        part[:] = _ZERO
+        start = (o % height + 1) % height
+        if has_bias:
+            for t in range(tokens):
+                part[start, t] = _fl(part[start, t] + bias[o], ftz)
+        for n in range(starts[o], starts[o + 1]):
+            k = cols[n]
+            i = k % height
+            wk = w[o, k]
+            for t in range(tokens):
+                part[i, t] = _fl(part[i, t] + _fl(wk * x[k, t], ftz), ftz)
+        for t in range(tokens):
+            y = part[start, t]
+            for q in range(1, height):
+                y = _fl(y + part[(start + q) % height, t], ftz)
+            out[o, t] = y
 
 
 @njit(inline="always")
@@ -173,6 +201,23 @@ def sgemm(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None, height: int) ->
     bias = np.full(w.shape[0], -0.0, dtype=np.float32) if bias is None else bias
     out = np.empty((w.shape[0], x.shape[1]), dtype=np.float32)
     _sgemm_k(w, x, bias, height, out, not fast_is_exact(w, x, bias))
+    return canonical_nan(out)
+
+
+def spgemm(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None, nonzeros: np.ndarray, height: int) -> np.ndarray:
+    """``y[O, B]`` of the sparse streamed GEMM: only the weights ``W [O, K]`` at the
+    flat indices ``nonzeros`` (``o*K + k``, ascending) times ``x [K, B]``, plus
+    ``bias [O]`` (``None``: none), in the fabric's order on ``height`` rows."""
+    n_out, n_in = w.shape
+    flat = np.asarray(nonzeros, dtype=np.int64)
+    starts = np.searchsorted(flat, np.arange(n_out + 1, dtype=np.int64) * n_in)
+    cols = flat - np.repeat(np.arange(n_out, dtype=np.int64), np.diff(starts)) * n_in
+    has_bias = bias is not None
+    bias = np.zeros(n_out, dtype=np.float32) if bias is None else bias
+    kept = w.ravel()[flat]
+    exact = fast_is_exact(kept, x, bias) if has_bias else fast_is_exact(kept, x)
+    out = np.empty((n_out, x.shape[1]), dtype=np.float32)
+    _spgemm_k(w, x, bias, has_bias, starts, cols, height, out, not exact)
     return canonical_nan(out)
 
 
