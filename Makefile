@@ -10,7 +10,7 @@ SIM    ?= verilator
 JOBS   ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: setup system-tools train test test-all demo sim bench lint verilog synth clean
+.PHONY: setup system-tools train test test-all demo sim bench lint verilog synth formal clean
 
 setup: $(STAMP) system-tools
 
@@ -23,12 +23,13 @@ $(STAMP): pyproject.toml setup.py
 	@$(PY) -c "import wse, amaranth, cocotb, torch, numpy"
 	@touch $(STAMP)
 
-# System tools: Icarus Verilog (cocotb regressions) and a C++ compiler (Verilator builds its
-# models with it). Installed with apt when missing.
+# System tools: Icarus Verilog (cocotb regressions), a C++ compiler (Verilator builds its
+# models with it) and Yosys (the router's bounded proofs in the test suite). Installed with apt
+# when missing.
 system-tools:
-	@{ command -v iverilog && command -v g++; } >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iverilog g++ >/dev/null; \
-	  else echo "iverilog or g++ is missing: run 'sudo apt-get install -y iverilog g++'"; fi; }
+	@{ command -v iverilog && command -v g++ && command -v yosys; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iverilog g++ yosys >/dev/null; \
+	  else echo "iverilog, g++ or yosys is missing: run 'sudo apt-get install -y iverilog g++ yosys'"; fi; }
 
 test: setup
 	$(PYTEST)
@@ -68,6 +69,13 @@ synth: setup
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq yosys >/dev/null; \
 	  else echo "yosys is missing: run 'sudo apt-get install -y yosys'"; exit 1; fi; }
 	$(PY) -m wse.hdl.export --synth -o build/synth
+
+# Router properties (docs/faults.md section 2): bounded model check, every payload bit.
+formal: setup
+	@command -v yosys >/dev/null 2>&1 && command -v z3 >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq yosys z3 >/dev/null; \
+	  else echo "yosys or z3 is missing: run 'sudo apt-get install -y yosys z3'"; exit 1; fi; }
+	$(PY) -m wse.hdl.formal --all-bits --bits 3 --depth 20
 
 clean:
 	rm -rf build sim_build runs .pytest_cache

@@ -1,4 +1,4 @@
-"""Formal properties of the router (:class:`wse.hdl.router.Router`, unchanged), checked with Yosys and z3.
+"""Formal properties of the router (:class:`wse.hdl.router.Router`, unchanged), checked with Yosys.
 
 :class:`RouterProperties` wraps one router in a harness whose inputs are
 free (the solver picks every link, ``ready`` bit, route-table write and
@@ -17,32 +17,97 @@ color whose ``ready`` bit it sees high, and only valid colors), and asserts:
   enter it, bit for bit, and never leaves before it entered; the number
   inside never exceeds ``router_depth``.
 
-:func:`prove` exports the harness to Verilog (Amaranth's own Yosys), then
-runs Debian's ``yosys`` to build an SMT2 model and ``yosys-smtbmc`` (z3) for
-a bounded model check of ``depth`` cycles and, with ``induction``, a
-``k``-induction attempt. ``python -m wse.hdl.formal`` is ``make formal``.
+**The payload window.** The router never reads a payload bit to decide
+anything, and each payload bit travels alone (bit ``k`` out depends only on
+bit ``k`` in and on the control). :func:`payload_independent` checks both
+facts on the router's own netlist (Yosys cones of influence), so a proof
+with only payload bits ``[lsb, lsb + bits)`` free (the others held at zero)
+proves the properties for those bits of the full router, and proofs over
+windows that cover all 33 bits (32 data and ``ctrl``) prove them for the
+whole wavelet. The harness's ``lsb`` and ``bits`` choose the window;
+``python -m wse.hdl.formal --all-bits`` walks the windows.
+
+**Planted bugs.** ``bug`` builds the same harness around a mutated router
+(a subclass of :class:`Router`; ``hdl/router.py`` itself is untouched):
+``"drop"`` loses the wavelets leaving by port N while ``first_color`` is 1,
+``"duplicate"`` sends a head without popping it while ``first_color`` is 1,
+``"ignore_ready"`` shows the router all-ones ``ready`` bits on port N,
+``"split"`` cuts the copy on port E of a multicast while ``first_color`` is
+1. Each must make the check fail (``tests/test_formal.py``).
+
+:func:`prove` exports the harness to Verilog (Amaranth's own Yosys, with the
+FIFOs' own pointer invariants), then runs Debian's ``yosys``: by default its
+built-in SAT solver (``sat -tempinduct``) for a bounded model check of
+``depth`` cycles from reset and, with ``induction``, a ``depth``-induction
+attempt; or ``yosys-smtbmc`` with z3 (much slower here). Debian's boolector
+1.5 rejects ``yosys-smtbmc``'s SMT2 (``set-option``), so it is not offered.
+``python -m wse.hdl.formal --all-bits`` is ``make formal``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Const, Module, Signal
 from amaranth.hdl import Assert, Assume, Elaboratable
 
 from wse.config import COLOR_BITS, DATA_BITS, FabricConfig, UsageError
 
 from .router import PORTS, ROUTE_BITS, Router
 
-__all__ = ["RouterProperties", "prove", "tools_missing", "main"]
+__all__ = ["PAYLOAD_BITS", "BUGS", "SOLVERS", "RouterProperties", "payload_independent", "prove", "tools_missing",
+           "main"]
 
 #: Width of the harness's wavelet counters: the tracked position is below 2**(COUNT_BITS - 1).
 COUNT_BITS = 5
+
+#: Payload bits of a wavelet as the router stores it: 32 data bits and ``ctrl`` (bit 32).
+PAYLOAD_BITS = DATA_BITS + 1
+
+#: The planted bugs :class:`RouterProperties` can build (see the module docstring).
+BUGS = ("drop", "duplicate", "ignore_ready", "split")
+
+#: The engines of :func:`prove`: Yosys's own SAT solver (``sat -tempinduct``) or z3 through ``yosys-smtbmc``.
+SOLVERS = ("sat", "z3")
+
+
+class _MutantRouter(Router):
+    """A :class:`Router` with one planted bug, applied after its own elaboration."""
+
+    def __init__(self, config: FabricConfig, bug: str):
+        super().__init__(config)
+        self._bug = bug
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        trigger = self.first_color == 1
+        if self._bug == "drop":          # the wavelet is popped but not sent on port N
+            with m.If(trigger):
+                m.d.comb += self.tx[0].valid.eq(0)
+        elif self._bug == "split":       # a multicast loses its copy on port E
+            with m.If(trigger):
+                m.d.comb += self.tx[1].valid.eq(0)
+        elif self._bug == "duplicate":   # the head is sent but not popped
+            for c in range(self.config.colors):
+                with m.If(trigger):
+                    m.d.comb += getattr(m.submodules, f"fifo_{c}").r_en.eq(0)
+        return m
+
+
+def _check_window(bits, lsb) -> None:
+    for name, value, low in (("bits", bits, 1), ("lsb", lsb, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UsageError(f"payload window {name} must be an integer >= {low}, not {value!r}")
+    if lsb + bits > PAYLOAD_BITS:
+        raise UsageError(f"payload window [{lsb}, {lsb + bits}) must lie inside the {PAYLOAD_BITS} payload bits")
 
 
 class RouterProperties(Elaboratable):
@@ -52,16 +117,31 @@ class RouterProperties(Elaboratable):
     ----------
     config : FabricConfig
         The router's size (small ``colors`` keep the proof fast).
+    bits, lsb : int
+        The payload window left free: bits ``[lsb, lsb + bits)`` of the
+        33-bit payload (``ctrl`` is bit 32); the other bits enter as zero.
+    bug : str or None
+        A planted bug from :data:`BUGS`, or None for the router as built.
+
+    Raises
+    ------
+    UsageError
+        If the window does not fit the payload or ``bug`` is unknown.
     """
 
-    def __init__(self, config: FabricConfig):
+    def __init__(self, config: FabricConfig, bits: int = PAYLOAD_BITS, lsb: int = 0, bug: str | None = None):
+        self._MustUse__silence = True  # a rejected harness is not an unused one
         if not isinstance(config, FabricConfig):
             raise TypeError(f"config must be a FabricConfig, not {config!r}")
-        self.config = config
+        _check_window(bits, lsb)
+        if bug is not None and bug not in BUGS:
+            raise UsageError(f"bug must be one of {', '.join(BUGS)}, not {bug!r}")
+        self._MustUse__silence = False
+        self.config, self.bits, self.lsb, self.bug = config, bits, lsb, bug
         C = config.colors
         self.rx_valid = [Signal(name=f"rx{p}_valid") for p in range(PORTS)]
         self.rx_color = [Signal(COLOR_BITS, name=f"rx{p}_color") for p in range(PORTS)]
-        self.rx_data = [Signal(DATA_BITS + 1, name=f"rx{p}_data") for p in range(PORTS)]
+        self.rx_data = [Signal(bits, name=f"rx{p}_data") for p in range(PORTS)]
         self.tx_ready = [Signal(C, name=f"tx{p}_ready") for p in range(PORTS)]
         self.first_color = Signal(COLOR_BITS)
         self.route_we = Signal()
@@ -75,15 +155,30 @@ class RouterProperties(Elaboratable):
         return [*self.rx_valid, *self.rx_color, *self.rx_data, *self.tx_ready, self.first_color, self.route_we,
                 self.route_color, self.route_wdata, self.pick_color, self.pick_index]
 
+    def _payload_in(self, p: int):
+        """The 33-bit payload entering port ``p``: the free window, zeros elsewhere."""
+        high = PAYLOAD_BITS - self.lsb - self.bits
+        parts = ([Const(0, self.lsb)] if self.lsb else []) + [self.rx_data[p]] + ([Const(0, high)] if high else [])
+        return Cat(*parts)
+
+    def _payload_out(self, tx):
+        """The free window of the payload leaving by link ``tx``."""
+        return Cat(tx.payload.data, tx.payload.ctrl)[self.lsb:self.lsb + self.bits]
+
     def elaborate(self, platform):
         m = Module()
         cfg, C = self.config, self.config.colors
-        m.submodules.router = router = Router(cfg)
+        router = Router(cfg) if self.bug in (None, "ignore_ready") else _MutantRouter(cfg, self.bug)
+        m.submodules.router = router
         for p in range(PORTS):
+            payload = self._payload_in(p)
+            ready = self.tx_ready[p]
+            if self.bug == "ignore_ready" and p == 0:
+                ready = Const((1 << C) - 1, C)
             m.d.comb += [router.rx[p].valid.eq(self.rx_valid[p]), router.rx[p].payload.color.eq(self.rx_color[p]),
-                         router.rx[p].payload.data.eq(self.rx_data[p][:DATA_BITS]),
-                         router.rx[p].payload.ctrl.eq(self.rx_data[p][DATA_BITS]),
-                         router.tx[p].ready.eq(self.tx_ready[p])]
+                         router.rx[p].payload.data.eq(payload[:DATA_BITS]),
+                         router.rx[p].payload.ctrl.eq(payload[DATA_BITS]),
+                         router.tx[p].ready.eq(ready)]
         m.d.comb += [router.first_color.eq(self.first_color), router.route.we.eq(self.route_we),
                      router.route.color.eq(self.route_color), router.route.wdata.eq(self.route_wdata)]
         # The link protocol: valid only for a color that is ready there, and valid colors only.
@@ -107,7 +202,7 @@ class RouterProperties(Elaboratable):
         for p in range(PORTS):
             tx = router.tx[p]
             with m.If(tx.valid):
-                m.d.comb += [Assert(tx.ready.bit_select(tx.payload.color, 1)), Assert(tx.payload.color < C)]
+                m.d.comb += [Assert(self.tx_ready[p].bit_select(tx.payload.color, 1)), Assert(tx.payload.color < C)]
         for c in range(C):
             on = Cat(*(router.tx[p].valid & (router.tx[p].payload.color == c) for p in range(PORTS)))
             with m.If(on.any()):
@@ -133,18 +228,18 @@ class RouterProperties(Elaboratable):
             m.d.comb += [track_color.eq(self.pick_color), track_index.eq(self.pick_index)]
 
         came, went = Signal(COUNT_BITS), Signal(COUNT_BITS)
-        kept, have = Signal(DATA_BITS + 1), Signal()
+        kept, have = Signal(self.bits), Signal()
         enters = Signal()
-        entering = Signal(DATA_BITS + 1)
+        entering = Signal(self.bits)
         for p in range(PORTS):
             with m.If(self.rx_valid[p] & (self.rx_color[p] == track_color)):
                 m.d.comb += [enters.eq(1), entering.eq(self.rx_data[p])]
         leaves = Signal()
-        leaving = Signal(DATA_BITS + 1)
+        leaving = Signal(self.bits)
         for p in range(PORTS):
             tx = router.tx[p]
             with m.If(tx.valid & (tx.payload.color == track_color)):
-                m.d.comb += [leaves.eq(1), leaving.eq(Cat(tx.payload.data, tx.payload.ctrl))]
+                m.d.comb += [leaves.eq(1), leaving.eq(self._payload_out(tx))]
         with m.If(enters):
             m.d.sync += came.eq(came + 1)
             with m.If(came == track_index):
@@ -158,48 +253,123 @@ class RouterProperties(Elaboratable):
         m.d.comb += Assume(came < (1 << COUNT_BITS) - 1)
 
 
-def tools_missing() -> str | None:
-    """None if ``yosys``, ``yosys-smtbmc`` and ``z3`` are on ``PATH``, else what is missing."""
-    missing = [tool for tool in ("yosys", "yosys-smtbmc", "z3") if shutil.which(tool) is None]
-    return None if not missing else ", ".join(missing) + " not found (apt-get install -y yosys z3)"
+def tools_missing(solver: str = "sat") -> str | None:
+    """None if the tools of engine ``solver`` are on ``PATH`` (``yosys``; for z3 also ``yosys-smtbmc`` and ``z3``),
+    else what is missing."""
+    tools = ("yosys",) if solver == "sat" else ("yosys", "yosys-smtbmc", solver)
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    return None if not missing else ", ".join(missing) + f" not found (apt-get install -y {' '.join(tools[::2])})"
 
 
-def prove(config: FabricConfig, depth: int, induction: bool = False, workdir=None) -> dict:
-    """Check the properties of :class:`RouterProperties` for ``config``.
+def _data_bits(k_out: int | None) -> list[int]:
+    """Payload bit numbers (data and ``ctrl``) of the router's 38-bit link payload, ``k_out`` left out."""
+    bits = [*range(DATA_BITS), DATA_BITS + COLOR_BITS]
+    return [b for b in bits if b != k_out]
 
-    Returns ``{"bmc": bool, "depth": depth, "induction": bool | None, "log": str}``:
-    whether no assertion fails within ``depth`` cycles from reset and, with
-    ``induction``, whether ``depth``-induction proves them for every cycle.
+
+def _union(patterns: list) -> str:
+    """A yosys selection expression: the union of ``patterns``."""
+    return " ".join([patterns[0], *(f"{p} %u" for p in patterns[1:])])
+
+
+def payload_independent(config: FabricConfig, router: Router | None = None, workdir=None) -> None:
+    """Check on the router's netlist that no decision reads a payload bit and each payload bit travels alone.
+
+    With the router bit-blasted (``techmap``, every net split to bits), the
+    input cone of every control output (``valid``, ``ready``, the outgoing
+    color, ``idle``, ``sent``, the route read port) holds no incoming payload
+    bit, and the cone of outgoing payload bit ``k`` holds no incoming payload
+    bit other than ``k``. This is what makes the payload window of
+    :class:`RouterProperties` a sound abstraction. ``router`` replaces the
+    router built from ``config`` (a test plants a dependence this way).
 
     Raises
     ------
     UsageError
-        If the tools are missing or ``depth`` is not a positive integer.
+        If yosys is missing.
+    RuntimeError
+        If a cone holds a payload bit it must not (yosys names it).
     """
     from amaranth.back import verilog
 
-    missing = tools_missing()
-    if missing:
-        raise UsageError(f"formal checks need yosys and z3: {missing}")
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise UsageError(f"depth must be a positive integer, not {depth!r}")
-    harness = RouterProperties(config)
+    if shutil.which("yosys") is None:
+        raise UsageError("the payload check needs yosys (apt-get install -y yosys)")
+    color_bits = range(DATA_BITS, DATA_BITS + COLOR_BITS)
+    control = ["o:tx__*__valid", "o:rx__*__ready_*", "o:idle", "o:sent_*", "o:route__rdata_*",
+               *(f"o:tx__*__payload_{b}" for b in color_bits)]
+    data_in = [f"i:rx__*__payload_{b}" for b in _data_bits(None)]
+    lines = [f"select -assert-none {_union(control)} %ci* {_union(data_in)} %i"]
+    for k in _data_bits(None):
+        others = [f"i:rx__*__payload_{b}" for b in _data_bits(k)]
+        lines.append(f"select -assert-none o:tx__*__payload_{k} %ci* {_union(others)} %i")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        (work / "router_props.v").write_text(verilog.convert(harness, name="router_props", ports=harness.ports()))
-        script = ("read_verilog -formal router_props.v; prep -top router_props -flatten; memory_map; opt -fast; "
-                  "async2sync; dffunmap; write_smt2 -wires router_props.smt2")
-        log = _run(["yosys", "-q", "-p", script], work)
-        result = {"depth": depth, "induction": None}
-        out = _run(["yosys-smtbmc", "-s", "z3", "--presat", "-t", str(depth), "router_props.smt2"], work, check=False)
-        result["bmc"] = "PASSED" in out and "FAILED" not in out
-        log += out
-        if induction:
-            out = _run(["yosys-smtbmc", "-s", "z3", "-i", "-t", str(depth), "router_props.smt2"], work, check=False)
-            result["induction"] = "PASSED" in out and "FAILED" not in out
+        (work / "router.v").write_text(verilog.convert(router or Router(config), name="router"))
+        (work / "cones.ys").write_text("\n".join([
+            "read_verilog router.v", "prep -top router -flatten", "memory_map", "opt -fast", "techmap", "opt -fast",
+            "splitnets -ports -format _", "splitnets", *lines]) + "\n")
+        _run(["yosys", "-q", "-s", "cones.ys"], work)
+
+
+def prove(config: FabricConfig, depth: int, induction: bool = False, *, bits: int = PAYLOAD_BITS, lsb: int = 0,
+          bug: str | None = None, solver: str = "sat", workdir=None) -> dict:
+    """Check the properties of :class:`RouterProperties` for ``config`` and the payload window ``[lsb, lsb + bits)``.
+
+    Returns ``{"bmc": bool, "depth": depth, "induction": bool | None, "seconds": float,
+    "failed": str | None, "log": str}``: whether no assertion fails within
+    ``depth`` cycles from reset and, with ``induction``, whether
+    ``depth``-induction proves them for every cycle; ``failed`` is the
+    source line of the first failing assertion (``formal.py:N``; z3 engine only), if any.
+
+    Raises
+    ------
+    UsageError
+        If the tools are missing, ``depth`` is not a positive integer, the
+        solver is unknown, or the window or ``bug`` is bad.
+    """
+    from amaranth.back import verilog
+
+    if solver not in SOLVERS:
+        raise UsageError(f"solver must be one of {', '.join(SOLVERS)}, not {solver!r}")
+    missing = tools_missing(solver)
+    if missing:
+        raise UsageError(f"formal checks need yosys and {solver}: {missing}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise UsageError(f"depth must be a positive integer, not {depth!r}")
+    harness = RouterProperties(config, bits=bits, lsb=lsb, bug=bug)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "router_props.v").write_text(verilog.convert(harness, name="router_props", ports=harness.ports(),
+                                                             platform="formal"))
+        prep = "read_verilog -formal -icells router_props.v; prep -top router_props -flatten; memory_map; opt -full; " \
+               "async2sync; dffunmap"
+        result = {"depth": depth, "induction": None, "failed": None}
+        if solver == "sat":
+            log = _run(["yosys", "-p", f"{prep}; sat -tempinduct -tempinduct-baseonly -prove-asserts -set-assumes "
+                        f"-maxsteps {depth}"], work, check=False)
+            result["bmc"] = f"proved base case for {depth} steps: SUCCESS!" in log
+            if induction and result["bmc"]:
+                out = _run(["yosys", "-p", f"{prep}; sat -tempinduct -tempinduct-inductonly -prove-asserts "
+                            f"-set-assumes -seq 1 -maxsteps {depth}"], work, check=False)
+                result["induction"] = "Induction step proven: SUCCESS!" in out
+                log += out
+        else:
+            log = _run(["yosys", "-q", "-p", f"{prep}; opt_clean; write_smt2 -wires router_props.smt2"], work)
+            out = _run(["yosys-smtbmc", "-s", solver, "--presat", "-t", str(depth), "router_props.smt2"], work,
+                       check=False)
+            result["bmc"] = "PASSED" in out and "FAILED" not in out
             log += out
-        result["log"] = log
+            if induction and result["bmc"]:
+                out = _run(["yosys-smtbmc", "-s", solver, "-i", "-t", str(depth), "router_props.smt2"], work,
+                           check=False)
+                result["induction"] = "PASSED" in out and "FAILED" not in out
+                log += out
+            failed = re.search(r"Assert failed in \S+: \S*?(formal\.py:\d+)", log)
+            result["failed"] = failed.group(1) if failed else None
+    result.update(seconds=round(time.perf_counter() - start, 2), log=log)
     return result
 
 
@@ -213,23 +383,43 @@ def _run(cmd: list, cwd: Path, check: bool = True) -> str:
 def main(argv=None) -> int:
     """``make formal``: bounded model check (and k-induction) of the router properties."""
     parser = argparse.ArgumentParser(prog="python -m wse.hdl.formal", description=main.__doc__)
-    parser.add_argument("--depth", type=int, default=24, help="cycles of the bounded model check (default 24)")
-    parser.add_argument("--colors", type=int, default=3, help="router colors (default 3)")
+    parser.add_argument("--depth", type=int, default=20, help="cycles of the bounded model check (default 20)")
+    parser.add_argument("--colors", type=int, default=2, help="router colors (default 2)")
     parser.add_argument("--router-depth", type=int, default=2, help="FIFO depth (default 2)")
+    parser.add_argument("--bits", type=int, default=1, help="payload bits left free per check (default 1)")
+    parser.add_argument("--lsb", type=int, default=0, help="lowest free payload bit (default 0)")
+    parser.add_argument("--all-bits", action="store_true", help="walk windows of --bits over all 33 payload bits")
+    parser.add_argument("--solver", default="sat", help=f"one of {', '.join(SOLVERS)} (default sat: yosys's own)")
+    parser.add_argument("--bug", default=None, help=f"plant a bug, one of {', '.join(BUGS)} (the check must fail)")
     parser.add_argument("--induction", action="store_true", help="also try k-induction with k = depth")
     args = parser.parse_args(argv)
+    ok = True
     try:
         cfg = FabricConfig(colors=args.colors, router_depth=args.router_depth)
-        result = prove(cfg, args.depth, args.induction)
+        _check_window(args.bits, 0 if args.all_bits else args.lsb)
+        if args.bug is not None and args.bug not in BUGS:
+            raise UsageError(f"--bug must be one of {', '.join(BUGS)}, not {args.bug!r}")
+        if args.solver not in SOLVERS:
+            raise UsageError(f"--solver must be one of {', '.join(SOLVERS)}, not {args.solver!r}")
+        start = time.perf_counter()
+        payload_independent(cfg)
+        print(json.dumps({"check": "payload_independent", "colors": args.colors, "passed": True,
+                          "seconds": round(time.perf_counter() - start, 2)}), flush=True)
+        windows = range(0, PAYLOAD_BITS, args.bits) if args.all_bits else [args.lsb]
+        for lsb in windows:
+            bits = min(args.bits, PAYLOAD_BITS - lsb)
+            result = prove(cfg, args.depth, args.induction, bits=bits, lsb=lsb, bug=args.bug, solver=args.solver)
+            ok &= result["bmc"] and result["induction"] is not False
+            print(json.dumps({"check": "router_properties", "colors": args.colors, "router_depth": args.router_depth,
+                              "payload_bits": [lsb, lsb + bits], "bug": args.bug, "solver": args.solver,
+                              "depth": args.depth, "bmc": result["bmc"], "induction": result["induction"],
+                              "failed": result["failed"], "seconds": result["seconds"]}), flush=True)
+            if not result["bmc"] and args.bug is None:
+                print(result["log"][-4000:])
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ind = {None: "not tried", True: "proved", False: "did not close"}[result["induction"]]
-    print(f"router properties, colors={args.colors} router_depth={args.router_depth}: bounded model check "
-          f"to {args.depth} cycles {'PASSED' if result['bmc'] else 'FAILED'}; {args.depth}-induction {ind}")
-    if not result["bmc"]:
-        print(result["log"][-4000:])
-    return 0 if result["bmc"] and result["induction"] is not False else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
