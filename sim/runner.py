@@ -178,9 +178,9 @@ def _parser() -> _Parser:
     parser.add_argument("--list", action="store_true", help="list the kernels and exit")
     parser.add_argument("--mesh", default="4x4", help="mesh shape WIDTHxHEIGHT (default 4x4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument("--rows", type=int, help="gemv: rows of W")
-    parser.add_argument("--cols", type=int, help="gemv: columns of W")
-    parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce)")
+    parser.add_argument("--rows", type=int, help="gemv, spgemm, spmv: rows of W")
+    parser.add_argument("--cols", type=int, help="gemv, spgemm, spmv: columns of W")
+    parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce); tokens (spgemm)")
     parser.add_argument("--variant", help="broadcast, reduce: row or column (default row); spgemm, spmv: random or "
                         "power (the mask's distribution)")
     parser.add_argument("--sparsity", type=float, help="spgemm, spmv: fraction of zero weights, in [0, 1)")

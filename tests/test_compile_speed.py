@@ -204,8 +204,8 @@ def test_phases_of_equal_inputs_are_replayed_once_with_the_same_counts():
     name, phase = next(iter(exe_plan.phases.items()))
     ops, starts, ends = phase_ops(exe_plan, phase)
     changed = ops.copy()
-    busy = np.flatnonzero(changed[:, 0] == changed[0, 0])[0]
-    changed[busy, 1] += 50 if changed[busy, 0] != END else 0
+    busy = int(np.flatnonzero(changed[:, 0] != END)[0])         # the first op row that is not an END
+    changed[busy, 1] += 50
     hits = memo.hits
     memo.cycles(network, changed, starts, ends, phase_injections(phase))
     assert memo.hits == hits

@@ -154,3 +154,24 @@ def test_train_trace_writes_the_first_steps_timeline_where_asked(tmp_path, capsy
     assert sum(e["dur"] for e in phases) == data["otherData"]["cycles"]
     assert not (tmp_path / "run" / "pictures" / "step1_trace.json").exists()
     assert (tmp_path / "run" / "pictures" / "fwd_fc1_fmac.png").is_file()
+
+
+def test_train_trace_records_a_pipelined_step_on_the_golden_model(tmp_path, capsys):
+    """A layer-pipelined run on the golden backend draws its first step too: the trace's phases are the
+    executable's and add up to the step's cycles."""
+    from wse.cli import main
+
+    job = tmp_path / "digits_job.py"
+    job.write_text("from torch import nn\nDATASET = 'digits'\n\n"
+                   "def model(in_features, classes):\n"
+                   "    return nn.Sequential(nn.Linear(in_features, 16), nn.ReLU(), nn.Linear(16, classes))\n")
+    trace = tmp_path / "step1.json"
+    assert main(["train", str(job), "--backend", "golden", "--mode", "pipelined", "--mesh", "4x4", "--batch", "4",
+                 "--max-steps", "1", "--out", str(tmp_path / "run"), "--no-tensorboard", "--progress", "lines",
+                 "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert f"timeline {trace}" in out and "none for the golden backend" not in out
+    data = json.loads(trace.read_text())
+    phases = [e for e in data["traceEvents"] if e.get("cat") == "phase"]
+    assert phases and sum(e["dur"] for e in phases) == data["otherData"]["cycles"] > 0
+    assert any(p.name.endswith("_fmac.png") for p in (tmp_path / "run" / "pictures").iterdir())

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from wse.config import FabricConfig, UsageError
+from wse.firmware import deadlock
 from wse.firmware.kernels import get_kernel
 from wse.firmware.kernels.spgemm import (END, deal_features, plan_streams, row_imbalance, sparse_mask,
                                          BUSY, RECV, STOP, VEC)
@@ -118,13 +119,23 @@ def test_bad_sparsity_is_a_usage_error(capsys):
     assert "bit exact" in capsys.readouterr().out
 
 
-def test_deadlock_check_proves_the_ring():
+def test_deadlock_check_proves_the_ring(monkeypatch):
     cfg = FabricConfig(width=2, height=3)
     kernel = get_kernel("spgemm")
     sizes = kernel.resolve(cfg, dict(rows=6, cols=6, n=4, sparsity=0.5))
     plan = kernel.plan(cfg, sizes)
     fabric = Fabric(cfg)
+    proved = []
+    real_check = deadlock.check_routes
+
+    def spy(*args, **kwargs):
+        report = real_check(*args, **kwargs)
+        proved.append(report)
+        return report
+    monkeypatch.setattr(deadlock, "check_routes", spy)
     kernel.execute(fabric, plan, kernel.inputs(plan, np.random.default_rng(0)))   # routes loaded only when proved
+    assert len(proved) == 1 and proved[0].what == "kernel spgemm"
+    assert len(proved[0].rings) == cfg.width            # one partial-sum ring per column, each discharged
     too_many = FabricConfig(width=1, height=3, tx_depth=1, router_depth=1, rx_depth=1)
     with pytest.raises(UsageError, match="ring carries at most 3"):
         kernel.plan(too_many, kernel.resolve(too_many, dict(rows=6, cols=6, n=4, sparsity=0.5)))

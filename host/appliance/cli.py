@@ -55,14 +55,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``wse train`` argument parser."""
-    parser = _Parser(prog="wse train", description="Train a PyTorch model on the fabric (weight streaming).",
+    parser = _Parser(prog="wse train", description="Train a PyTorch model on the fabric (layer-pipelined or weight streaming).",
                      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("example", metavar="FILE.py", help="the job file (defines model())")
     run = parser.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run folder (default: runs/<job name>, or runs/<job name>-N "
                                                   "if that one is taken)")
-    run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), verilator "
-                                       f"or icarus (the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
+    run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), vector (the "
+                                       "vectorized fabric model, the golden model's bits and cycles), verilator or "
+                                       f"icarus (the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
     run.add_argument("--mesh", metavar="WxH", help=f"fabric mesh (default {DEFAULT_MESH})")
     run.add_argument("--mode", metavar="MODE", help="execution mode: auto (default: pipelined when the model, "
                      "its optimizer state and the in-flight samples fit PE memory), pipelined, weight-streaming")

@@ -54,7 +54,8 @@ class TrainConfig:
         ``runs/<stem>-N`` when that one already holds a run (and ``resume``
         is off).
     backend : str, optional
-        Runtime backend: ``"functional"`` (default) or ``"golden"``.
+        Runtime backend: ``"functional"`` (default), or a device of :mod:`wse.sim.devices`
+        (``"golden"``, ``"vector"``, ``"verilator"``, ``"icarus"``).
     mode : {"auto", "pipelined", "weight-streaming"}, optional
         Execution mode; default ``auto``: layer-pipelined when the weights,
         the optimizer state and the in-flight activations fit PE memory,

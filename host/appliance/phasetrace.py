@@ -24,7 +24,7 @@ from pathlib import Path
 from wse.config import UsageError
 
 from .cli import _Parser
-from .options import MODES, TrainConfig
+from .options import TrainConfig
 from .pictures import file_prefix
 from .preparation import prepare
 
@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default="", help="file name prefix of the pictures (default none)")
     parser.add_argument("--trace", metavar="FILE", help="also write the phase's Perfetto timeline (JSON)")
     parser.add_argument("--mesh", metavar="WxH", help="fabric mesh (default 16x16)")
-    parser.add_argument("--mode", choices=MODES, help="execution mode (as for wse train)")
+    parser.add_argument("--mode", choices=["weight-streaming"], default="weight-streaming",
+                        help="execution mode: the phases of the weight-streaming mode (the default, and the only one "
+                             "whose phases run one by one)")
     parser.add_argument("--batch", type=int, metavar="N", help="mini-batch size (default: the job file's)")
     parser.add_argument("--dataset", help="data set (default: the job file's)")
     parser.add_argument("--mnist-dir", metavar="DIR", help="folder of MNIST IDX files")

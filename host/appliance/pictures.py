@@ -35,11 +35,16 @@ def golden_device(engine):
     """The golden fabric that ``engine``'s runtime drives (loaded on first use), or None for
     other backends (functional, RTL) and engines without a runtime of their own."""
     backend = getattr(getattr(engine, "runtime", None), "backend", None)
-    if backend is None or not hasattr(backend, "make_device"):
+    if backend is None:
         return None
-    if backend.device is None:
-        backend.load()
-    device = backend.device
+    if hasattr(backend, "fabric"):              # a layer-pipelined executable: its device is made with it
+        device = backend.fabric
+    elif hasattr(backend, "make_device"):       # weight streaming: the device is made on first use
+        if backend.device is None:
+            backend.load()
+        device = backend.device
+    else:
+        return None
     return device if hasattr(device, "record") else None
 
 

@@ -41,6 +41,11 @@ class PipelinedBackend(Backend):
         self._loaded = False
 
     @property
+    def fabric(self):
+        """The device the steps run on (a :class:`wse.sim.api.Device`; None on the functional backend)."""
+        return self._device.device if self._device is not None else None
+
+    @property
     def steps(self) -> int:
         """Optimizer steps taken since the state was written (at least 1 once resumed)."""
         return self._device.steps if self._device is not None else (self._model.steps if self._model else 0)
