@@ -18,8 +18,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from wse.config import FabricConfig, Port
+from wse.config import FabricConfig, Port, UsageError
 
+from . import ecc
 from .decode import compile_program
 from .errors import FabricHang
 from .events import DEFAULT_MAX_EVENTS, Recorder
@@ -170,11 +171,32 @@ class Fabric(HostArgs):
                for k in self.pes[0].counters}
         return {"cycles": self.cycle, "total_cycles": self.total_cycles, "wavelet_hops": self.wavelet_hops, "pe": per}
 
+    def inject(self, x: int, y: int, addr: int, bits: Iterable[int]) -> None:
+        """Flip code-word bits ``bits`` of the data-memory word at ``addr`` of PE
+        ``(x, y)`` as stored (golden model only for now): 0..31 are the data
+        bits, 32..38 the check bits (:mod:`wse.sim.golden.ecc`). The next read
+        corrects one flip (counted in :meth:`ecc_counters`) and reports two
+        with :class:`~wse.sim.golden.ecc.EccError`; a write first forgets them."""
+        pe = self.pe(x, y)
+        self._check_span("inject", addr, 1)
+        flips = [int(b) for b in bits]
+        if not flips or len(set(flips)) != len(flips) or not all(0 <= b < ecc.CODE_BITS for b in flips):
+            raise UsageError(f"inject: bits must be distinct code-word bits in 0..{ecc.CODE_BITS - 1}, not {flips}")
+        ecc.inject(pe, addr, flips)
+
+    def ecc_counters(self) -> dict[str, np.ndarray]:
+        """Memory ECC events per PE since :meth:`reset_counters`, as ``[h, w]``
+        arrays: ``corrected`` (single flips) and ``detected`` (uncorrectable
+        words). Golden model only for now (``docs/faults.md`` section 3)."""
+        return {k: np.array([[self.pes[y * self.width + x].ecc[k] for x in range(self.width)]
+                             for y in range(self.height)], dtype=np.int64) for k in ("corrected", "detected")}
+
     def reset_counters(self) -> None:
         """Zero every counter."""
         for pe in self.pes:
             for k in pe.counters:
                 pe.counters[k] = 0
+            pe.ecc["corrected"] = pe.ecc["detected"] = 0
         self.total_cycles = self.wavelet_hops = 0
 
     def trace(self, x: int, y: int) -> list[str]:

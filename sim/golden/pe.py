@@ -56,6 +56,8 @@ class PE:
         self.ncolors = cfg.colors
         self.reset_run_state()
         self.counters = dict.fromkeys(("busy", "instructions", "fmac", "flops", "stall", "tasks"), 0)
+        self.ecc = {"corrected": 0, "detected": 0}   # memory ECC events (wse.sim.golden.ecc)
+        self.ecc_check: dict[int, int] = {}          # stored check bits of the words an injection touched
         self.trace: list | None = None
         self.rec: list | None = None   # events while a Recorder runs (wse.sim.golden.events)
 

@@ -1,0 +1,184 @@
+"""SECDED ECC on PE memory words, and memory fault injection, in the golden model.
+
+Every 32-bit word of a PE's data memory is stored as a 39-bit code word
+(``docs/architecture.md`` section 4.7): bits 0..31 are the data, bits 32..37
+the six Hamming check bits and bit 38 the overall parity. The Hamming code
+places the data bits at the positions 1..38 that are not powers of two (data
+bit ``i`` at :data:`POSITIONS` ``[i]``) and check bit ``j`` at position
+``2**j``; check bit ``j`` is the parity of the data bits whose position has
+bit ``j`` set. On a read the decoder recomputes the check bits; the syndrome
+(recomputed XOR stored, six bits) and the overall parity classify the word:
+
+* syndrome 0, parity even: no error;
+* parity odd: a single flip, corrected. The syndrome is the position of the
+  flipped bit (0: the overall parity bit itself);
+* syndrome not 0, parity even, or a syndrome naming no position: two (or
+  more) flips, detected, not correctable.
+
+**Lazy check bits.** Every write stores a whole code word, so a word that no
+fault has touched holds exactly ``encode(data)`` as its check bits: the model
+keeps check bits only for the words an injection touched (``{address:
+stored check bits}``), and only a PE holding such words reads its memory
+through :class:`EccMemory`, a view of the same buffer whose reads decode the
+suspect words and whose writes forget them. A PE with no faulty word keeps
+its plain array, so the fault-free model runs the same code as without ECC.
+
+A read of a suspect word corrects a single flip, counts it in the PE's
+``ecc["corrected"]`` and writes the corrected code word back (scrubbing: a
+flip is counted once); a double flip counts ``ecc["detected"]`` and raises
+:class:`EccError`, naming the PE, the address, the stored bits and the
+syndrome. A write replaces the code word, so a flip that is overwritten
+before it is read is never seen, as in hardware.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ProgramFault
+
+__all__ = ["CODE_BITS", "CHECK_BITS", "DATA_BITS", "POSITIONS", "EccError", "EccMemory", "decode", "encode",
+           "inject", "pending"]
+
+DATA_BITS = 32
+CHECK_BITS = 7
+CODE_BITS = DATA_BITS + CHECK_BITS
+#: The Hamming position (1..38) of each data bit: the positions that are not powers of two.
+POSITIONS = np.array([p for p in range(1, 39) if p & (p - 1)], dtype=np.int64)
+assert len(POSITIONS) == DATA_BITS
+#: MASKS[j]: the data bits that check bit j covers.
+MASKS = np.array([sum(1 << i for i, p in enumerate(POSITIONS) if p >> j & 1) for j in range(6)], dtype=np.uint32)
+#: The data bit at each syndrome value (-1: a check bit, or no position).
+_DATA_AT = np.full(64, -1, dtype=np.int64)
+_DATA_AT[POSITIONS] = np.arange(DATA_BITS)
+
+OK, CORRECTED, DETECTED = 0, 1, 2
+
+
+def _parity(x: np.ndarray) -> np.ndarray:
+    """The parity (0 or 1) of each uint32 of ``x``."""
+    return (np.bitwise_count(x) & 1).astype(np.uint32)
+
+
+def encode(data) -> np.ndarray:
+    """The 7 check bits (bits 0..5 Hamming, bit 6 overall parity) of each
+    uint32 data word of ``data``, as a uint32 array of its shape."""
+    d = np.asarray(data, dtype=np.uint32)
+    check = np.zeros(d.shape, dtype=np.uint32)
+    for j in range(6):
+        check |= _parity(d & MASKS[j]) << np.uint32(j)
+    overall = _parity(d) ^ _parity(check)
+    return check | (overall << np.uint32(6))
+
+
+def decode(data, check) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Decode stored code words: ``data`` (uint32) and ``check`` (7 bits each).
+
+    Returns ``(data, check, status, syndrome)``: the corrected data and check
+    bits, ``status`` per word (0 no error, 1 one flip corrected, 2 an
+    uncorrectable error detected; the data and check bits of such a word are
+    returned as stored) and the 6-bit syndrome."""
+    d = np.asarray(data, dtype=np.uint32).copy()
+    c = np.asarray(check, dtype=np.uint32).copy()
+    syndrome = (encode(d) ^ c) & np.uint32(0x3F)
+    odd = (_parity(d) ^ _parity(c)).astype(bool)
+    status = np.where(odd, CORRECTED, np.where(syndrome != 0, DETECTED, OK))
+    s = syndrome.astype(np.int64)
+    in_range = s < 39
+    data_bit = np.where(in_range, _DATA_AT[s], -1)
+    is_check = (s & (s - 1)) == 0            # 0 (the overall parity bit) or a power of two
+    status = np.where(odd & ~in_range, DETECTED, status)
+    fix_data = (status == CORRECTED) & (data_bit >= 0)
+    d[fix_data] ^= (np.uint32(1) << data_bit[fix_data].astype(np.uint32))
+    fix_check = (status == CORRECTED) & is_check
+    check_bit = np.where(s == 0, 6, np.log2(np.maximum(s, 1)).astype(np.int64))
+    c[fix_check] ^= (np.uint32(1) << check_bit[fix_check].astype(np.uint32))
+    return d, c, status.astype(np.int64), syndrome
+
+
+class EccError(ProgramFault):
+    """A memory word with an uncorrectable error (two flipped bits) was read.
+    The message names the PE, the address, the stored data and check bits
+    and the syndrome."""
+
+
+class EccMemory(np.ndarray):
+    """A PE's data memory while some of its words hold injected faults: a
+    view of the PE's array whose reads go through the decoder for the
+    suspect words and whose writes forget them (see the module docstring)."""
+
+    pe = None
+
+    def __array_finalize__(self, obj) -> None:
+        self.pe = getattr(obj, "pe", None)
+
+    def __getitem__(self, index):
+        pe = self.pe
+        plain = self.view(np.ndarray)
+        if pe is not None and pe.ecc_check:
+            addrs = np.arange(len(plain))[index]
+            suspect = [a for a in np.atleast_1d(addrs).tolist() if a in pe.ecc_check]
+            if suspect:
+                _correct(pe, plain, suspect)
+        return plain[index]
+
+    def __setitem__(self, index, value) -> None:
+        pe = self.pe
+        plain = self.view(np.ndarray)
+        plain[index] = value
+        if pe is not None and pe.ecc_check:
+            for a in np.atleast_1d(np.arange(len(plain))[index]).tolist():
+                pe.ecc_check.pop(a, None)
+            _detach_if_clean(pe)
+
+
+def _detach_if_clean(pe) -> None:
+    if not pe.ecc_check and isinstance(pe.mem, EccMemory):
+        pe.mem = pe.mem.view(np.ndarray)
+
+
+def _correct(pe, plain: np.ndarray, addrs: list[int]) -> None:
+    """Decode the suspect words ``addrs`` of ``pe``: correct and scrub single
+    flips, raise :class:`EccError` on the first uncorrectable word."""
+    a = np.array(addrs, dtype=np.int64)
+    stored_d = plain[a].copy()
+    stored_c = np.array([pe.ecc_check[x] for x in addrs], dtype=np.uint32)
+    d, _, status, syndrome = decode(stored_d, stored_c)
+    for k, addr in enumerate(addrs):
+        if status[k] == DETECTED:
+            pe.ecc["detected"] += 1
+            where = pe.where() if pe.running else f"PE ({pe.x}, {pe.y})"
+            raise EccError(f"{where}: uncorrectable memory error (two or more flipped bits) at data address {addr}: "
+                           f"stored data {int(stored_d[k]):#010x}, check bits {int(stored_c[k]):#04x}, "
+                           f"syndrome {int(syndrome[k]):#04x}")
+        if status[k] == CORRECTED:
+            pe.ecc["corrected"] += 1
+        plain[addr] = d[k]                 # the scrubbed word: a valid code word again
+        del pe.ecc_check[addr]
+    _detach_if_clean(pe)
+
+
+def inject(pe, addr: int, bits) -> None:
+    """Flip code-word bits ``bits`` (0..31 data, 32..38 check bits) of the
+    word at ``addr`` of ``pe``, as stored; the next read decodes it."""
+    plain = pe.mem.view(np.ndarray)
+    check = pe.ecc_check.get(addr)
+    if check is None:
+        check = int(encode(plain[addr]))
+    word = int(plain[addr])
+    for b in bits:
+        if b < DATA_BITS:
+            word ^= 1 << b
+        else:
+            check ^= 1 << (b - DATA_BITS)
+    plain[addr] = word
+    pe.ecc_check[addr] = check
+    if not isinstance(pe.mem, EccMemory):
+        mem = plain.view(EccMemory)
+        mem.pe = pe
+        pe.mem = mem
+
+
+def pending(pe) -> dict[int, int]:
+    """The suspect words of ``pe``: ``{address: stored check bits}``."""
+    return dict(pe.ecc_check)
