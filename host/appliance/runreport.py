@@ -106,7 +106,8 @@ def report_text(run: str | Path) -> str:
     Raises :class:`UsageError` when ``run`` is not a run folder of ``wse train``."""
     run = Path(run)
     if not run.is_dir():
-        raise UsageError(f"RUN {run}: no such folder (expected a run folder of wse train, e.g. runs/fc_mnist)")
+        what = "is a file, not a folder" if run.exists() else "no such folder"
+        raise UsageError(f"RUN {run}: {what} (expected a run folder of wse train, e.g. runs/fc_mnist)")
     fabric = run / FABRIC_NAME
     summary = _read_json(run / SUMMARY_NAME)
     if summary is None and not fabric.is_file():
