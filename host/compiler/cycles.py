@@ -36,7 +36,7 @@ from wse.firmware.training import timing
 
 from .replay import Network, replay
 
-__all__ = ["phase_cycles", "executable_cycles", "phase_ops", "phase_injections", "replay", "Network",
+__all__ = ["phase_cycles", "executable_cycles", "op_table", "phase_ops", "phase_injections", "replay", "Network",
            "ReplayMemo", "MEMO"]
 
 
@@ -99,20 +99,20 @@ def _replay_phase(network, ops, starts, ends, inject, periods: bool, reuse: bool
     return replay(network, ops, starts, ends, inject, periods=periods)
 
 
-def phase_ops(plan, phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All PEs' timing ops of ``phase`` as ``(ops, starts, ends)``: PE ``p``
-    (row-major) runs ``ops[starts[p]:ends[p]]``; identical op lists are shared."""
-    cfg = plan.config
+def op_table(config, records, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every PE's timing ops as ``(ops, starts, ends)`` for the replay: PE ``p``
+    (row-major) runs ``ops[starts[p]:ends[p]]``. ``records[y][x]`` is the PE's
+    list of record word arrays (a two-word end record is appended) and
+    ``pe_ops(words)`` its interpreter's timing mirror; PEs with identical
+    records share one op list."""
     table, starts, ends, seen = [], [], [], {}
     at = 0
-    for i in range(cfg.height):
-        for j in range(cfg.width):
-            records = phase.records[i][j]
-            words = np.concatenate(records + [np.zeros(2, dtype=np.uint32)]) if records else \
-                np.zeros(2, dtype=np.uint32)
+    for i in range(config.height):
+        for j in range(config.width):
+            words = np.concatenate(list(records[i][j]) + [np.zeros(2, dtype=np.uint32)])
             key = words.tobytes()
             if key not in seen:
-                ops = timing.pe_ops(words)
+                ops = pe_ops(words)
                 seen[key] = (at, at + len(ops))
                 table.append(ops)
                 at += len(ops)
@@ -120,6 +120,11 @@ def phase_ops(plan, phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             starts.append(start)
             ends.append(end)
     return np.concatenate(table), np.array(starts), np.array(ends)
+
+
+def phase_ops(plan, phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All PEs' timing ops of a weight-streaming ``phase`` (:func:`op_table`)."""
+    return op_table(plan.config, phase.records, timing.pe_ops)
 
 
 def phase_injections(phase) -> dict:

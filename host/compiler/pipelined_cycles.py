@@ -15,28 +15,14 @@ import numpy as np
 
 from wse.firmware.training import pipe, pipe_timing
 
+from .cycles import op_table
 from .replay import Network, replay
 
 __all__ = ["phase_cycles", "pe_fmacs", "activation_pattern", "choose_replicas"]
 
 
 def _phase_ops(plan, records, pattern=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    cfg = plan.config
-    table, starts, ends, seen, at = [], [], [], {}, 0
-    for y in range(cfg.height):
-        for x in range(cfg.width):
-            ops_words = records[y][x]
-            words = np.concatenate(ops_words + [np.zeros(2, dtype=np.uint32)])
-            key = words.tobytes()
-            if key not in seen:
-                ops = pipe_timing.pe_ops(words, 0, pattern)
-                seen[key] = (at, at + len(ops))
-                table.append(ops)
-                at += len(ops)
-            start, end = seen[key]
-            starts.append(start)
-            ends.append(end)
-    return np.concatenate(table), np.array(starts), np.array(ends)
+    return op_table(plan.config, records, lambda words: pipe_timing.pe_ops(words, 0, pattern))
 
 
 def _injections(plan, name: str) -> dict:
