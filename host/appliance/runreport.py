@@ -45,11 +45,13 @@ def _summary_lines(summary: dict | None, fabric_text: str) -> list[str]:
         return lines + ["- no summary.json yet: the run has not finished (figures below are the first step's)", ""]
     s, fab = summary["settings"], summary["fabric"]
     step_util = fab.get("fmac_utilization_step")
+    resident = s.get("mode") == "pipelined"
+    gemms = "GEMM phases" if resident else "streamed GEMMs"
     lines += [f"- model {summary['model']} ({summary['parameter_count']:,} parameters) on {s['dataset']}, "
               f"{s['mesh']} mesh, {s['backend']} backend, batch {s['batch']}, {summary['steps']} steps",
               f"- cycles per step: {fab['cycles_per_step']:,.0f}",
               "- FMAC utilization: " + (f"whole step {step_util:.3f}, " if step_util else "")
-              + f"streamed GEMMs {fab['fmac_utilization']:.3f}",
+              + f"{gemms} {fab['fmac_utilization']:.3f}",
               f"- test accuracy {100 * summary['test_accuracy']:.2f}%, wall time {summary['wall_s']:.1f} s", ""]
     if fab.get("phases"):
         lines += ["| phase | cycles | share of the step |", "|---|---:|---:|"]
@@ -62,6 +64,9 @@ def _summary_lines(summary: dict | None, fabric_text: str) -> list[str]:
     if memoryx:
         lines.append(f"- MemoryX: budget {memoryx['budget_bytes']:,} bytes, {memoryx['resident_bytes']:,} in RAM, "
                      f"{memoryx['disk_bytes']:,} on disk")
+    elif resident:
+        lines.append("- MemoryX: nothing streams during a step (layer-pipelined: the weights and optimizer state "
+                     "live on the PEs; MemoryX keeps the copy read back for evaluation and checkpoints)")
     else:
         lines.append("- MemoryX: every weight in RAM (no budget)")
     if swarmx and systems.get("count", 1) > 1:
