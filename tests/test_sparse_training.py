@@ -78,3 +78,38 @@ def test_sparse_math_op_round_trips_through_the_manifest():
     op = SparseSgemm("fc1.weight", "fc1.bias", "act0", "act1", sparse.nonzeros(np.eye(3, dtype=bool)))
     back = MathOp.from_manifest(op.to_manifest())
     assert back == op and back.nonzeros == (0, 4, 8)
+
+
+def test_the_functional_backend_runs_a_sparse_forward_phase():
+    """A compiled single-layer model whose forward GEMM is swapped for a SparseSgemm: the functional
+    backend's logits are the sparse reference's, bit for bit, and differ from the dense layer's."""
+    import dataclasses
+
+    import torch
+    from torch import nn
+
+    from wse.config import FabricConfig
+    from wse.host.compiler import compile_model
+    from wse.host.compiler.schedule import Sgemm, SparseSgemm
+    from wse.host.compiler.sparse import choose_mask, nonzeros, reference_forward
+    from wse.host.runtime import Runtime
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 6))
+    exe = compile_model(model, torch.randn(8, 12), config=FabricConfig(width=2, height=3), batch=8)
+    weights = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    mask = choose_mask(weights["0.weight"], 0.5, "random", seed=1)
+    x = np.random.default_rng(2).standard_normal((8, 12)).astype(np.float32)
+    dense = Runtime(exe, "functional").forward(x, weights)
+    swapped = 0
+    for name in exe.sequences["eval"]:
+        phase = exe.phases[name]
+        math = tuple(SparseSgemm(op.weight, op.bias, op.x, op.y, nonzeros(mask)) if isinstance(op, Sgemm) else op
+                     for op in phase.math)
+        swapped += sum(isinstance(op, SparseSgemm) for op in math)
+        exe.phases[name] = dataclasses.replace(phase, math=math)
+    assert swapped == 1
+    got = Runtime(exe, "functional").forward(x, weights)
+    want = reference_forward(weights["0.weight"], mask, x.T, weights["0.bias"], 3).T.view(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not np.array_equal(got, dense)
