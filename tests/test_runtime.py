@@ -340,3 +340,19 @@ def test_functional_backend_dispatches_on_operation_types(mlp_bias):
     finally:
         exe.phases[name] = phase
     assert isinstance(Runtime(exe, "functional").backend, FunctionalBackend)
+
+
+def test_begin_phases_sets_up_a_step_phase_by_phase_on_device_backends(mlp_bias):
+    """The golden backend runs a step phase by phase from begin_phases with the step's cycles; the functional
+    backend, which runs whole steps only, refuses with one clear error."""
+    model, exe = mlp_bias
+    weights = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    x, y = batches(1, 1, 8, 22, 7)[0]
+    with pytest.raises(UsageError, match="runs whole steps only"):
+        Runtime(exe, "functional").begin_phases(x, y, weights)
+    runtime = Runtime(exe, "golden")
+    with pytest.raises(UsageError, match="labels y must be in 0..6"):
+        runtime.begin_phases(x, np.full(8, 9, dtype=np.int64), weights)
+    checked = runtime.begin_phases(x, y, weights)
+    cycles = {name: runtime.backend.run_phase(name, checked, {}) for name in exe.sequences["train"]}
+    assert cycles == {name: exe.phases[name].cycles for name in exe.sequences["train"]}

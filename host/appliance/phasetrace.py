@@ -91,11 +91,8 @@ def record_phase(prepared, phase: str, out: Path, prefix: str = "", trace: Path 
     backend = runtime.backend
     sequence = step_phases(prepared, phase)
     x, y = prepared.batches.next_batch()
-    host = runtime._host(runtime._check_x(x), y)          # the padded batch, as a training step makes it
-    weights = runtime._check_weights({name: prepared.memoryx.weight(name) for name in exe.parameters()})
-    backend.load()
+    weights = runtime.begin_phases(x, y, {name: prepared.memoryx.weight(name) for name in exe.parameters()})
     device = backend.device
-    backend._copy_in(host)
     pools: dict = {}
     recorder = None
     for name in sequence[:sequence.index(phase) + 1]:

@@ -150,6 +150,14 @@ class Runtime:
             raise UsageError(f"x must hold 1 to {exe.batch} samples (the compiled batch), not {x.shape[0]}")
         return x.reshape(x.shape[0], -1)
 
+    def _check_y(self, y, n: int) -> np.ndarray:
+        y = np.asarray(y)
+        if y.dtype != np.int64 or y.shape != (n,):
+            raise UsageError(f"y must be int64 of shape [{n}], not {y.dtype} of shape {list(y.shape)}")
+        if y.size and (y.min() < 0 or y.max() >= self._classes):
+            raise UsageError(f"labels y must be in 0..{self._classes - 1}, found {int(y.min())}..{int(y.max())}")
+        return y
+
     def _check_weights(self, weights: Mapping) -> dict:
         expected = self.executable.parameters()
         if not isinstance(weights, Mapping):
@@ -253,6 +261,29 @@ class Runtime:
                              "weights live in MemoryX")
         return self.backend.read_state()
 
+    def begin_phases(self, x, y, weights: Mapping) -> dict:
+        """Set up one training step to be run phase by phase on a device backend
+        (``self.backend.run_phase(name, weights, grads)`` for each name of
+        ``executable.sequences["train"]``): ``x``, ``y`` and ``weights`` are
+        checked as :meth:`train_step` checks them, the device is loaded and the
+        padded batch copied in. Returns the checked weights.
+
+        Raises
+        ------
+        UsageError
+            For bad arguments, or a backend that runs whole steps only (the
+            functional backend, a layer-pipelined executable).
+        """
+        if not hasattr(self.backend, "run_phase"):
+            raise UsageError(f"the {self.executable.mode} executable on the {self.backend_name} backend runs whole "
+                             "steps only, not phase by phase")
+        x = self._check_x(x)
+        host = self._host(x, self._check_y(y, x.shape[0]))
+        checked = self._check_weights(weights)
+        self.backend.load()
+        self.backend._copy_in(host)
+        return checked
+
     def train_step(self, x, y, weights: Mapping | None = None) -> StepResult:
         """One forward and backward pass of the batch ``(x, y)`` with ``weights``.
 
@@ -275,11 +306,7 @@ class Runtime:
             For inputs of the wrong dtype, shape or range, or missing weights.
         """
         x = self._check_x(x)
-        y = np.asarray(y)
-        if y.dtype != np.int64 or y.shape != (x.shape[0],):
-            raise UsageError(f"y must be int64 of shape [{x.shape[0]}], not {y.dtype} of shape {list(y.shape)}")
-        if y.size and (y.min() < 0 or y.max() >= self._classes):
-            raise UsageError(f"labels y must be in 0..{self._classes - 1}, found {int(y.min())}..{int(y.max())}")
+        y = self._check_y(y, x.shape[0])
         weights = self._weights_of(weights)
         host = self._host(x, y)
         out = self.backend.run("train", host, weights)
