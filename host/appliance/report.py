@@ -266,7 +266,7 @@ class RunSummary:
             f"  fabric      : {s['mesh']} mesh, {s['backend']} backend, {self.cycles_per_step:,.0f} cycles/step, "
             + (f"FMAC utilization: whole step {self.data['fabric']['fmac_utilization_step']:.3f}, "
                if self.data["fabric"].get("fmac_utilization_step") else "FMAC utilization: ")
-            + f"streamed GEMMs {self.fmac_utilization:.3f}",
+            + ("GEMM phases" if s.get("mode") == "pipelined" else "streamed GEMMs") + f" {self.fmac_utilization:.3f}",
             f"  accuracy    : test {100 * self.test_accuracy:.2f}%  " + (
                 f"train {100 * self.train_accuracy:.2f}%" if self.train_accuracy is not None else
                 f"train (last epoch's batches) {100 * (self.data['train_running_accuracy'] or 0):.2f}%")
