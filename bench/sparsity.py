@@ -36,7 +36,6 @@ from wse.config import FabricConfig, parse_mesh
 from wse.firmware.kernels import get_kernel
 from wse.firmware.kernels.spgemm import row_imbalance, sparse_mask
 from wse.firmware.kernels.spgemm_timing import timing_ops
-from wse.firmware.training import timing
 from wse.host.compiler import cycles as cycle_model
 
 SPARSITIES = (0.0, 0.5, 0.75, 0.9, 0.95, 0.99)
@@ -51,20 +50,9 @@ def dense_forward_cycles(cfg: FabricConfig, size: int, tokens: int) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.ReLU(), torch.nn.Linear(size, 16))
     exe = compile_model(model, torch.zeros(tokens, size), config=cfg, batch=tokens, cycles=False)
     phase = exe.phases["fwd 0"]
-    image = dict(exe.static)[phase.ops_addr]
-    table, starts, ends, seen, at = [], [], [], {}, 0
-    for i in range(cfg.height):
-        for j in range(cfg.width):
-            key = image[i, j].tobytes()
-            if key not in seen:
-                ops = timing.pe_ops(image[i, j])
-                seen[key] = (at, at + len(ops))
-                table.append(ops)
-                at += len(ops)
-            starts.append(seen[key][0])
-            ends.append(seen[key][1])
-    return cycle_model.replay(cycle_model.Network(cfg, exe.routes), np.concatenate(table), np.array(starts),
-                              np.array(ends), cycle_model.phase_injections(phase), periods=False)
+    ops, starts, ends = cycle_model.executable_phase_ops(exe, dict(exe.static)[phase.ops_addr])
+    return cycle_model.replay(cycle_model.Network(cfg, exe.routes), ops, starts, ends,
+                              cycle_model.phase_injections(phase), periods=False)
 
 
 def sparse_cycles(cfg: FabricConfig, size: int, tokens: int, mask: np.ndarray) -> int:

@@ -19,7 +19,7 @@ from wse.config import FabricConfig
 from wse.firmware.asm import assemble_file
 from wse.firmware.image import Program
 
-from .records import DSD, HEADER_WORDS, dsd_fabin, dsd_fabout, dsd_mem
+from .records import DSD, HEADER_WORDS, decode_fields, dsd_fabin, dsd_fabout, dsd_mem
 
 __all__ = ["pipelined_program", "PIPE_SOURCE", "T_RUN", "KINDS", "FIELDS", "PREFIX", "encode", "decode", "record_words", "assembler_defines",
            "dsd_mem", "dsd_fabin", "dsd_fabout"]
@@ -109,20 +109,9 @@ def encode(kind: str, values: dict) -> np.ndarray:
 def decode(words) -> tuple[str, dict]:
     """``(kind, fields)`` of the record at the start of ``words``; descriptor
     fields as ``(kind, base, length, stride)``, as :func:`.records.decode` gives them."""
-    from wse.firmware.isa import DsdKind
     words = [int(w) for w in words]
     kind = {code: name for name, code in KINDS.items()}[words[0]]
-    fields, at = {}, HEADER_WORDS
-    for name, what in FIELDS[kind]:
-        if what == DSD:
-            w0, w1 = words[at], words[at + 1]
-            stride = (w1 >> 16) & 0xFFFF
-            fields[name] = (DsdKind(w1 & 3), w0 & 0xFFFF, w0 >> 16, stride - 0x10000 if stride & 0x8000 else stride)
-            at += 2
-        else:
-            fields[name] = words[at]
-            at += 1
-    return kind, fields
+    return kind, decode_fields(words, FIELDS[kind])[0]
 
 
 def assembler_defines() -> dict[str, int]:

@@ -136,8 +136,18 @@ def decode(words) -> tuple[str, dict, list[int]]:
     if kind == "end":
         return kind, {}, []
     length = words[1]
+    fields, at = decode_fields(words, FIELDS[kind])
+    return kind, fields, words[at:length]
+
+
+def decode_fields(words: list[int], layout) -> tuple[dict, int]:
+    """The fields of a record whose header starts ``words``, laid out as
+    ``layout`` (``(name, WORD | DSD)`` pairs, as in :data:`FIELDS`): word
+    fields as ints, descriptor fields as ``(kind, base, length, stride)``
+    with ``kind`` a :class:`~wse.firmware.isa.DsdKind`. Returns the fields
+    and the index of the first word after them."""
     fields, at = {}, HEADER_WORDS
-    for name, what in FIELDS[kind]:
+    for name, what in layout:
         if what == DSD:
             w0, w1 = words[at], words[at + 1]
             stride = (w1 >> 16) & 0xFFFF
@@ -146,7 +156,7 @@ def decode(words) -> tuple[str, dict, list[int]]:
         else:
             fields[name] = words[at]
             at += 1
-    return kind, fields, words[at:length]
+    return fields, at
 
 
 def assembler_defines() -> dict[str, int]:

@@ -36,8 +36,8 @@ from wse.firmware.training import timing
 
 from .replay import Network, replay
 
-__all__ = ["phase_cycles", "executable_cycles", "op_table", "phase_ops", "phase_injections", "replay", "Network",
-           "ReplayMemo", "MEMO"]
+__all__ = ["phase_cycles", "executable_cycles", "op_table", "with_end", "phase_ops", "executable_phase_ops",
+           "phase_injections", "replay", "Network", "ReplayMemo", "MEMO"]
 
 
 class ReplayMemo:
@@ -99,17 +99,16 @@ def _replay_phase(network, ops, starts, ends, inject, periods: bool, reuse: bool
     return replay(network, ops, starts, ends, inject, periods=periods)
 
 
-def op_table(config, records, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def op_table(config, pe_words, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every PE's timing ops as ``(ops, starts, ends)`` for the replay: PE ``p``
-    (row-major) runs ``ops[starts[p]:ends[p]]``. ``records[y][x]`` is the PE's
-    list of record word arrays (a two-word end record is appended) and
-    ``pe_ops(words)`` its interpreter's timing mirror; PEs with identical
-    records share one op list."""
+    (row-major) runs ``ops[starts[p]:ends[p]]``. ``pe_words(y, x)`` is the
+    PE's record words (its end record included) and ``pe_ops(words)`` the
+    interpreter's timing mirror; PEs with identical words share one op list."""
     table, starts, ends, seen = [], [], [], {}
     at = 0
     for i in range(config.height):
         for j in range(config.width):
-            words = np.concatenate(list(records[i][j]) + [np.zeros(2, dtype=np.uint32)])
+            words = pe_words(i, j)
             key = words.tobytes()
             if key not in seen:
                 ops = pe_ops(words)
@@ -122,9 +121,20 @@ def op_table(config, records, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return np.concatenate(table), np.array(starts), np.array(ends)
 
 
+def with_end(records) -> np.ndarray:
+    """A PE's list of record word arrays as one array, the two-word end record appended."""
+    return np.concatenate(list(records) + [np.zeros(2, dtype=np.uint32)])
+
+
 def phase_ops(plan, phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All PEs' timing ops of a weight-streaming ``phase`` (:func:`op_table`)."""
-    return op_table(plan.config, phase.records, timing.pe_ops)
+    return op_table(plan.config, lambda i, j: with_end(phase.records[i][j]), timing.pe_ops)
+
+
+def executable_phase_ops(exe, image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All PEs' timing ops of a phase of a weight-streaming executable from its op
+    image ``[height, width, words]`` (:func:`op_table`)."""
+    return op_table(exe.config, lambda i, j: image[i, j], timing.pe_ops)
 
 
 def phase_injections(phase) -> dict:
@@ -178,18 +188,6 @@ def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse
     with Progress("cycle model", len(exe.phases), enabled=progress) as bar:
         for name, phase in exe.phases.items():
             bar.step(name)
-            image = images[phase.ops_addr]
-            table, starts, ends, seen, at = [], [], [], {}, 0
-            for i in range(cfg.height):
-                for j in range(cfg.width):
-                    key = image[i, j].tobytes()
-                    if key not in seen:
-                        ops = timing.pe_ops(image[i, j])
-                        seen[key] = (at, at + len(ops))
-                        table.append(ops)
-                        at += len(ops)
-                    starts.append(seen[key][0])
-                    ends.append(seen[key][1])
-            out[name] = _replay_phase(network, np.concatenate(table), np.array(starts), np.array(ends),
-                                      phase_injections(phase), periods, reuse)
+            ops, starts, ends = executable_phase_ops(exe, images[phase.ops_addr])
+            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse)
     return out

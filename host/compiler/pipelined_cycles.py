@@ -15,14 +15,15 @@ import numpy as np
 
 from wse.firmware.training import pipe, pipe_timing
 
-from .cycles import op_table
+from .cycles import op_table, with_end
 from .replay import Network, replay
 
 __all__ = ["phase_cycles", "pe_fmacs", "activation_pattern", "choose_replicas"]
 
 
 def _phase_ops(plan, records, pattern=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return op_table(plan.config, records, lambda words: pipe_timing.pe_ops(words, 0, pattern))
+    return op_table(plan.config, lambda i, j: with_end(records[i][j]),
+                    lambda words: pipe_timing.pe_ops(words, 0, pattern))
 
 
 def _injections(plan, name: str) -> dict:
