@@ -10,9 +10,8 @@ import pytest
 from wse.config import FabricConfig, UsageError
 from wse.firmware import deadlock
 from wse.firmware.kernels import get_kernel
-from wse.firmware.kernels.spgemm import (END, deal_features, plan_streams, row_imbalance, sparse_mask,
-                                         BUSY, RECV, STOP, VEC)
-from wse.firmware.kernels.spgemm_timing import timing_ops
+from wse.firmware.kernels.spgemm import END, deal_features, plan_streams, row_imbalance, sparse_mask
+from wse.firmware.kernels.spgemm_timing import BUSY, RECV, STOP, VEC, timing_ops
 from wse.firmware.training import timing
 from wse.host.compiler.replay import Network, replay
 from wse.sim.golden import Fabric

@@ -62,9 +62,6 @@ T_START = 4
 FIRST, MID, END = 0xFFFFFFFF, 0xFFFFFFFE, 0xFFFFFFFD
 LAST, ONLY = 0x80000000, 0xC0000000
 
-# Timing-op rows (the same codes as wse.firmware.training.timing, checked by the tests).
-BUSY, RECV, VEC, STOP = 0, 1, 2, 3
-
 
 def sparse_mask(rows: int, cols: int, sparsity: float, rng: np.random.Generator, kind: str = "random") -> np.ndarray:
     """A boolean ``[rows, cols]`` mask with ``round((1 - sparsity) * rows * cols)``

@@ -14,46 +14,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .spgemm import BUSY, RECV, STOP, VEC, W_COLOR, SpgemmPlan, _ring_colors, ring_routes, step_counts
+from wse.firmware.timing_ops import BUSY, RECV, VEC, OpRows
+from wse.firmware.timing_ops import END as STOP
+
+from .spgemm import W_COLOR, SpgemmPlan, _ring_colors, ring_routes, step_counts
 
 __all__ = ["timing_ops", "SETUP_CYCLES"]
 
 #: Task selection and ``start``: 5 ld, 7 ldsd, 10 setb/setl, li r8, li, li, lui.
 SETUP_CYCLES = 1 + 5 * 2 + 7 * 2 + 10 + 4
-
-
-class _Rows:
-    """Op rows, adjacent ``BUSY`` merged; whole blocks of rows appended at once."""
-
-    def __init__(self):
-        self.parts: list[np.ndarray] = []
-        self.rows: list[tuple] = []
-        self.pending = 0
-
-    def busy(self, n: int) -> None:
-        self.pending += int(n)
-
-    def _flush(self) -> None:
-        if self.pending:
-            self.rows.append((BUSY, self.pending, 0, 0, 0, 0))
-            self.pending = 0
-
-    def op(self, *row) -> None:
-        self._flush()
-        self.rows.append(tuple(row) + (0,) * (6 - len(row)))
-
-    def block(self, rows: np.ndarray) -> None:
-        """Rows that start and end with a non-``BUSY`` row."""
-        self._flush()
-        if len(rows):
-            self.parts.append(np.array(self.rows, dtype=np.int64).reshape(-1, 6))
-            self.parts.append(rows)
-            self.rows = []
-
-    def array(self) -> np.ndarray:
-        self._flush()
-        self.parts.append(np.array(self.rows, dtype=np.int64).reshape(-1, 6))
-        return np.concatenate(self.parts)
 
 
 def _nz_block(T: int) -> np.ndarray:
@@ -62,7 +31,7 @@ def _nz_block(T: int) -> np.ndarray:
     return np.array(turn * 4 + [(BUSY, 1, 0, 0, 0, 0)], dtype=np.int64)
 
 
-def _later_nonzeros(ops: _Rows, m: int, T: int, block: np.ndarray) -> None:
+def _later_nonzeros(ops: OpRows, m: int, T: int, block: np.ndarray) -> None:
     """``m`` non-zeros after a feature's first: ``recv, blt, setb, fmacw`` each, a ``jmp`` every four."""
     full, rest = divmod(m, 4)
     rows = np.concatenate([np.tile(block, (full, 1)), block[:3 * rest]]) if m else block[:0]
@@ -73,7 +42,7 @@ def _later_nonzeros(ops: _Rows, m: int, T: int, block: np.ndarray) -> None:
         ops.block(rows)
 
 
-def _ring(ops: _Rows, kind: str, T: int, c_in: int, c_out: int, *, after_nonzero: bool) -> None:
+def _ring(ops: OpRows, kind: str, T: int, c_in: int, c_out: int, *, after_nonzero: bool) -> None:
     """The branches from the carriage return's ``blt`` on, the ring operation and ``jmp feature``."""
     ops.busy(1)                                    # blt r1, r0 (taken)
     if kind in ("first", "mid"):
@@ -97,7 +66,7 @@ def row_ops(plan: SpgemmPlan, positions: np.ndarray, counts: np.ndarray, T: int,
     """The timing ops of a PE with ``T`` tokens on a row whose outputs, in
     stream order, have ring ``positions`` and ``counts`` non-zeros there."""
     height = plan.config.height
-    ops, block = _Rows(), _nz_block(T)
+    ops, block = OpRows(), _nz_block(T)
     ops.busy(SETUP_CYCLES)
     for position, n in zip(positions.tolist(), counts.tolist()):
         ops.op(RECV, W_COLOR)

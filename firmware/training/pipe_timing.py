@@ -14,7 +14,9 @@ import numpy as np
 
 from . import pipe
 from .records import HEADER_WORDS
-from .timing import _color, _Ops
+from wse.firmware.timing_ops import OpRows
+
+from .timing import _color
 
 __all__ = ["pe_ops"]
 
@@ -23,7 +25,7 @@ _DISPATCH = {"pfwd": 2 + 1 + 2, "pbwd": 2 + 1 + 4, "pupd": 2 + 1 + 6, "psfwd": 2
 _OP_DONE = 4                         # ld 2, add, jmp
 
 
-def _pfwd(ops: _Ops, f: dict) -> None:
+def _pfwd(ops: OpRows, f: dict) -> None:
     T, K, O = f["t"], f["k"], f["o"]
     c_x, c_next = _color(f["xin"]), _color(f["xout"])
     n_w = max(O, (K - 1) * O) if K > 1 and O else 0
@@ -37,7 +39,7 @@ def _pfwd(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _chain(ops: _Ops, f: dict, send) -> None:
+def _chain(ops: OpRows, f: dict, send) -> None:
     """The reduction chain of one sample (pfwd and psfwd alike), from ``bne`` on
     ``last`` to the output slot's ``add``; ``send()`` adds the send to the next region."""
     O, c_in, c_out = f["o"], _color(f["cin"]), _color(f["cout"])
@@ -59,7 +61,7 @@ def _chain(ops: _Ops, f: dict, send) -> None:
     ops.busy(1)                                           # add
 
 
-def _psfwd(ops: _Ops, f: dict, pattern) -> None:
+def _psfwd(ops: OpRows, f: dict, pattern) -> None:
     """``psfwd``: ``pattern[l]`` is layer ``l``'s input activation pattern (``[T, features]``,
     true where the word is not +0), which sets the pairs taken and sent."""
     T, K, O = f["t"], f["k"], f["o"]
@@ -89,7 +91,7 @@ def _psfwd(ops: _Ops, f: dict, pattern) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _harvest_send(ops: _Ops, f: dict, sent) -> None:
+def _harvest_send(ops: OpRows, f: dict, sent) -> None:
     """psfwd's send to the next region: dense, or a pair per ``sent`` element that is true."""
     ops.busy(3)                                           # ld, bne
     if not f["sout"]:
@@ -109,7 +111,7 @@ def _harvest_send(ops: _Ops, f: dict, sent) -> None:
     ops.vec(2, out=c_pout)                                # the end marker
 
 
-def _pbwd(ops: _Ops, f: dict) -> None:
+def _pbwd(ops: OpRows, f: dict) -> None:
     T, K, O = f["t"], f["k"], f["o"]
     c_dy, c_zo, c_zi = _color(f["dyin"]), _color(f["dzout"]), _color(f["dzin"])
     c_bi, c_bo = _color(f["bin"]), _color(f["bout"])
@@ -154,7 +156,7 @@ def _pbwd(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _pupd(ops: _Ops, f: dict) -> None:
+def _pupd(ops: OpRows, f: dict) -> None:
     sizes = [f["w"][2], f["b"][2]][:f["params"]]
     ops.busy(3)                                           # add, ld
     for n in sizes:
@@ -167,7 +169,7 @@ def _pupd(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _pvop(ops: _Ops, f: dict) -> None:
+def _pvop(ops: OpRows, f: dict) -> None:
     n = f["d"][2]
     ops.busy(7)                                           # ld, 2 ldsd, bne
     if f["op"]:
@@ -182,7 +184,7 @@ def pe_ops(words: np.ndarray, start: int = 0, pattern=None) -> np.ndarray:
     """The timing ops of one PE running the ``pipe.s`` op list that begins at ``words[start]``;
     ``pattern`` (per layer, ``[T, features]`` booleans: the input word is not +0) for
     ``psfwd`` records, whose cycles depend on the activations."""
-    ops = _Ops()
+    ops = OpRows()
     ops.busy(1 + 2)                                       # task selection, ld r15
     at = int(start)
     while True:

@@ -24,51 +24,17 @@ from __future__ import annotations
 import numpy as np
 
 from wse.firmware.isa import DsdKind
+from wse.firmware.timing_ops import BUSY, END, OP_FIELDS, RECV, VEC, OpRows
 
 from . import records as rec
 
 __all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops"]
 
-BUSY, RECV, VEC, END = 0, 1, 2, 3
-#: Columns of an op row.
-OP_FIELDS = ("op", "a", "b", "c", "d", "e")
 
 # Dispatch cost of each kind: ld 2 + beq 1 + (li, beq) per kind tested before it.
 _ORDER = ("sgemm", "wgrad", "relu", "transpose", "mask", "softmax")
 _DISPATCH = {kind: 3 + 2 * (i + 1) for i, kind in enumerate(_ORDER)}
 _OP_DONE = 4          # ld 2, add, jmp
-
-
-class _Ops:
-    def __init__(self):
-        self.rows: list[tuple] = []
-        self.pending = 0
-
-    def busy(self, n: int) -> None:
-        self.pending += int(n)
-
-    def _flush(self) -> None:
-        if self.pending:
-            self.rows.append((BUSY, self.pending, 0, 0, 0, 0))
-            self.pending = 0
-
-    def recv(self, color: int) -> None:
-        self._flush()
-        self.rows.append((RECV, color, 0, 0, 0, 0))
-
-    def vec(self, n: int, in1=-1, in2=-1, out=-1, period=0) -> None:
-        """A vector instruction; without fabric operands it is ``n + 1`` private cycles."""
-        if in1 < 0 and in2 < 0 and out < 0:
-            self.busy(n + 1)
-            return
-        self._flush()
-        self.rows.append((VEC, n, in1, in2, out, period))
-
-    def end(self) -> np.ndarray:
-        self.busy(1)   # exit
-        self._flush()
-        self.rows.append((END, 0, 0, 0, 0, 0))
-        return np.array(self.rows, dtype=np.int64).reshape(-1, len(OP_FIELDS))
 
 
 def _color(d) -> int:
@@ -80,7 +46,7 @@ def _fmacw_n(ld: int, la: int) -> int:
     return max(ld, la) if min(ld, la) else 0
 
 
-def _sgemm(ops: _Ops, f: dict) -> None:
+def _sgemm(ops: OpRows, f: dict) -> None:
     K, T, H, rounds, o_last, e = f["k"], f["t"], f["h"], f["rounds"], f["o_last"], f["e0"]
     w = _color(f["w"])
     n_w = _fmacw_n(f["acc"][2], f["x1"][2])
@@ -167,7 +133,7 @@ def _sgemm(ops: _Ops, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _rotate(ops: _Ops, f: dict, words_out: int, words_in: int, setup: int) -> None:
+def _rotate(ops: OpRows, f: dict, words_out: int, words_in: int, setup: int) -> None:
     c_out, c_in = _color(f["rout"]), _color(f["rin"])
     ops.busy(setup)
     if f["send_first"]:
@@ -179,7 +145,7 @@ def _rotate(ops: _Ops, f: dict, words_out: int, words_in: int, setup: int) -> No
         ops.vec(words_out, out=c_out)
 
 
-def _wgrad(ops: _Ops, f: dict, counts: list[int]) -> None:
+def _wgrad(ops: OpRows, f: dict, counts: list[int]) -> None:
     T, Kx, H, bias = f["t"], f["kx"], f["h"], f["bias"]
     e_in, e_out = _color(f["ein"]), _color(f["eout"])
     n_w = _fmacw_n(f["g"][2], f["x1"][2])
@@ -209,7 +175,7 @@ def _wgrad(ops: _Ops, f: dict, counts: list[int]) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _softmax(ops: _Ops, f: dict, counts: list[int]) -> None:
+def _softmax(ops: OpRows, f: dict, counts: list[int]) -> None:
     T, H, C, ci, N = f["t"], f["h"], f["c"], f["ci"], f["n"]
     ops.busy(14)
     row = f["row"]
@@ -241,7 +207,7 @@ def _softmax(ops: _Ops, f: dict, counts: list[int]) -> None:
 
 def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
     """The timing ops of one PE running the op list that begins at ``words[start]``."""
-    ops = _Ops()
+    ops = OpRows()
     ops.busy(1 + 2)                                       # task selection, ld r15
     at = int(start)
     while True:
