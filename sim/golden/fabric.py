@@ -112,22 +112,6 @@ class Fabric(HostArgs):
         for pe in self._pes_in(rect):
             pe.load(program, cached[1])
 
-    def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs: Iterable[Port | int]) -> None:
-        """Route ``color`` at router ``(x, y)``: accepted from ``input`` (None: not
-        routed), sent to every port in ``outputs``."""
-        self._tile(x, y)
-        self._check_color(color)
-        self.routers.set_route(x, y, color, input, outputs)
-
-    def load_routes(self, table: Iterable[tuple]) -> None:
-        """Apply many routes: an iterable of ``(x, y, color, input, outputs)``."""
-        for x, y, color, input, outputs in table:
-            self.set_route(x, y, color, input, outputs)
-
-    def route(self, x: int, y: int, color: int) -> tuple[int, tuple[Port, ...]]:
-        """The route of ``color`` at ``(x, y)``: (input code, output ports)."""
-        return self.routers.route(self.pe(x, y).index, color)
-
     def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
         """Write ``array`` (shape ``[h, w, n]`` for ``rect``, float32 or uint32;
         ``[n]`` is sent to every PE) to words ``addr .. addr+n-1`` of each PE."""

@@ -10,9 +10,11 @@ has ``width``, ``height``, ``colors`` and ``config`` (a
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import numpy as np
 
-from wse.config import UsageError
+from wse.config import Port, UsageError
 
 __all__ = ["HostArgs", "EDGE_NAMES", "host_words", "stream_words", "Rect"]
 
@@ -66,16 +68,37 @@ def stream_words(words, ctrl=None) -> tuple[np.ndarray, np.ndarray]:
 
 
 class HostArgs:
-    """Checks of the host API's arguments against the device's mesh, and its edge outputs (a mixin).
+    """Checks of the host API's arguments against the device's mesh, its route
+    tables and its edge outputs (a mixin of the fabric models).
 
-    The device collects the wavelets leaving the mesh in ``edge_out``:
-    ``{(edge, index, color): [(data, ctrl), ...]}`` in the order they left.
+    The device keeps its route tables in ``routers`` (``set_route(x, y, color,
+    input, outputs)`` and ``route(tile, color)``, as
+    :class:`wse.sim.golden.router.Routers` has them) and collects the wavelets
+    leaving the mesh in ``edge_out``: ``{(edge, index, color): [(data, ctrl),
+    ...]}`` in the order they left.
     """
 
     width: int
     height: int
     colors: int
     edge_out: dict
+    routers: Any
+
+    def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs: Iterable[Port | int]) -> None:
+        """Route ``color`` at router ``(x, y)``: accepted from ``input`` (None: not
+        routed), sent to every port in ``outputs``."""
+        self._tile(x, y)
+        self._check_color(color)
+        self.routers.set_route(x, y, color, input, outputs)
+
+    def load_routes(self, table: Iterable[tuple]) -> None:
+        """Apply many routes: an iterable of ``(x, y, color, input, outputs)``."""
+        for x, y, color, input, outputs in table:
+            self.set_route(x, y, color, input, outputs)
+
+    def route(self, x: int, y: int, color: int) -> tuple[int, tuple[Port, ...]]:
+        """The route of ``color`` at ``(x, y)``: (input code, output ports)."""
+        return self.routers.route(self._tile(x, y), color)
 
     def stream_out(self, edge: str, index: int, color: int, with_ctrl: bool = False):
         """Take the wavelets that left the mesh at ``(edge, index)`` on ``color``:

@@ -22,11 +22,10 @@ See ``docs/vector.md``.
 
 from __future__ import annotations
 
-from typing import Iterable
 
 import numpy as np
 
-from wse.config import FabricConfig, Port
+from wse.config import FabricConfig
 from wse.firmware.asm import format_instruction
 from wse.firmware.isa import BY_NAME
 from wse.sim.golden.errors import FabricHang, ProgramFault
@@ -110,21 +109,6 @@ class VectorFabric(HostArgs):
             s.entry[pes, task.id] = task.entry
             s.bound[pes, task.id] = bool(task.data_color)
             s.blocked[pes, task.id] = bool(task.blocked)
-
-    def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs: Iterable) -> None:
-        """Route ``color`` at router ``(x, y)``: accepted from ``input`` (None: not routed), sent to ``outputs``."""
-        self._tile(x, y)
-        self._check_color(color)
-        self.routers.set_route(x, y, color, input, outputs)
-
-    def load_routes(self, table: Iterable[tuple]) -> None:
-        """Apply many routes: an iterable of ``(x, y, color, input, outputs)``."""
-        for x, y, color, input, outputs in table:
-            self.set_route(x, y, color, input, outputs)
-
-    def route(self, x: int, y: int, color: int) -> tuple[int, tuple[Port, ...]]:
-        """The route of ``color`` at ``(x, y)``: (input code, output ports)."""
-        return self.routers.route(self._tile(x, y), color)
 
     def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
         """Write ``array[h, w, n]`` (or ``[n]`` for every PE) to words ``addr .. addr+n-1`` of each PE of ``rect``."""
