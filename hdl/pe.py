@@ -70,9 +70,10 @@ from wse.firmware import isa
 
 from .decoder import Decoder, UnitCode, opcode
 from .fpu import FPAdd, FPLt, FPMax, FPMul, FToI, IToF
+from .pe_ecc import CODE_BITS, ecc_logic, ecc_storage
 from .pe_host import host_port
 from .pe_vector import Dsd, VectorEngine
-from .wavelet import COUNTER_NAMES, Wavelet, host_bus_signature, link_signature
+from .wavelet import COUNTER_NAMES, HostSpace, Wavelet, host_bus_signature, link_signature
 
 __all__ = ["PE", "Dsd"]
 
@@ -136,6 +137,7 @@ class _Memories(NamedTuple):
     sram_rd: list
     imem_wr: object
     imem_rd: object
+    ecc: object
 
 
 class _InputQueues(NamedTuple):
@@ -221,7 +223,8 @@ class PE(wiring.Component):
         clears the task's activated flag); ``CTRL`` address 0: a write
         activates task ``wdata`` (if it has an entry point); ``CTRL`` addresses
         1.. read the counters in :data:`~wse.hdl.wavelet.COUNTER_NAMES` order, and
-        a write there sets the counter. A request is a cycle with ``stb`` and
+        a write there sets the counter; then the memory ECC registers
+        (:data:`~wse.hdl.pe_ecc.ECC_ADDRS`). A request is a cycle with ``stb`` and
         ``sel`` (writes also with ``bcast``); reads return ``rdata`` in the next
         cycle; other addresses read 0.
     idle : ``Out(1)``
@@ -262,6 +265,7 @@ class PE(wiring.Component):
         self.running = Signal()
         self.task = Signal(config.task_bits)
         self.counters = {name: Signal(32, name=f"count_{name}") for name in COUNTER_NAMES}
+        self.ecc_counters = {name: Signal(32, name=f"ecc_{name}") for name in ("corrected", "detected")}
 
     def elaborate(self, platform):
         """The PE's hardware, part by part (see the module's docstring). The order
@@ -274,26 +278,33 @@ class PE(wiring.Component):
         d = self._decode(m, mem)
         vec = self._vector_engine(m, mem, rx, tx, d)
         fp_result = self._floating_point(m, d, vec)
-        advance, stalled, taken = self._execute(m, mem, rx, tx, tasks, d, vec, fp_result)
+        advance, stalled, taken, phase = self._execute(m, mem, rx, tx, tasks, d, vec, fp_result)
         self._data_read_addresses(m, mem, d, vec)
         self._sequencing(m, mem, rx, tasks, d, advance, taken)
         self._counters(m, tasks, d, vec, advance, stalled)
-        host_port(m, self, mem, tasks)
+        # Memory ECC (hdl/pe_ecc.py): the reads whose words an instruction or the host takes.
+        host = self.host
+        first_cycle = self.running & ~phase
+        used = [(host.stb & ~host.we & host.sel & (host.space == HostSpace.SRAM))
+                | (first_cycle & d.is_(*_TWO_CYCLE)) | vec.reads[0],
+                (first_cycle & d.is_("ldsd")) | vec.reads[1], vec.reads[2]]
+        ecc_reads = ecc_logic(m, self, mem.ecc, used, tasks.select)
+        host_port(m, self, mem, tasks, ecc_reads)
         return m
 
     # ---------------------------------------------------------------- storage
 
     def _storage(self, m) -> _Memories:
-        """The data memory (one write port, three read ports transparent for it)
-        and the instruction memory."""
+        """The data memory (one write port, three read ports transparent for it;
+        39-bit code words behind 32-bit ports, :mod:`.pe_ecc`) and the
+        instruction memory."""
         cfg = self.config
-        m.submodules.sram = sram = Memory(shape=32, depth=cfg.sram_words, init=[])
-        sram_wr = sram.write_port()
-        sram_rd = [sram.read_port(transparent_for=(sram_wr,)) for _ in range(3)]
+        m.submodules.sram = sram = Memory(shape=CODE_BITS, depth=cfg.sram_words, init=[])
+        sram_wr, sram_rd, ecc_ports = ecc_storage(m, sram)
         m.submodules.imem = imem = Memory(shape=32, depth=cfg.imem_words, init=[])
         imem_wr = imem.write_port()
         imem_rd = imem.read_port()
-        return _Memories(sram_wr, sram_rd, imem_wr, imem_rd)
+        return _Memories(sram_wr, sram_rd, imem_wr, imem_rd, ecc_ports)
 
     # ---------------------------------------------------------------- input queues
 
@@ -452,7 +463,8 @@ class PE(wiring.Component):
                  vec: VectorEngine, fp_result: dict):
         """The running instruction: its effects, the input-queue pops, and whether
         it completes (``advance``), waits for the fabric (``stalled``) or branches
-        (``taken``) this cycle. Returns ``(advance, stalled, taken)``."""
+        (``taken``) this cycle. Returns ``(advance, stalled, taken, phase)``
+        (``phase``: the second cycle of ``ld``/``ldsd``)."""
         cfg = self.config
         running = self.running
         sram_wr, sram_rd = mem.sram_wr, mem.sram_rd
@@ -530,7 +542,7 @@ class PE(wiring.Component):
                                              sram_wr.en.eq(1)]
                             with m.Else():
                                 m.d.comb += [reg_we.eq(1), reg_data.eq(fp_result[unit])]
-        return advance, stalled, taken
+        return advance, stalled, taken, phase
 
     # ---------------------------------------------------------------- memory read ports
 

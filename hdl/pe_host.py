@@ -18,9 +18,11 @@ if TYPE_CHECKING:
 __all__ = ["host_port"]
 
 
-def host_port(m, pe: PE, mem: _Memories, tasks: _Tasks) -> None:
+def host_port(m, pe: PE, mem: _Memories, tasks: _Tasks, extra_reads: dict | None = None) -> None:
     """Elaborate ``pe``'s host bus (see :class:`~wse.hdl.pe.PE`, member ``host``):
-    memory, task table and control access while the PE is idle."""
+    memory, task table and control access while the PE is idle.
+    ``extra_reads``: ``{CTRL address: signal}`` also readable (the memory ECC
+    registers of :mod:`.pe_ecc`, which decodes their writes itself)."""
     host, ntasks = pe.host, pe.config.tasks
     sram_wr, sram_rd, imem_wr, imem_rd = mem.sram_wr, mem.sram_rd[0], mem.imem_wr, mem.imem_rd
     entry, t_valid, t_bound, t_blocked, t_activated = tasks.entry, tasks.valid, tasks.bound, tasks.blocked, \
@@ -74,6 +76,9 @@ def host_port(m, pe: PE, mem: _Memories, tasks: _Tasks) -> None:
                     for i, counter in enumerate(counters):
                         with m.Case(i + 1):
                             m.d.sync += read_value.eq(counter)
+                    for addr, value in (extra_reads or {}).items():
+                        with m.Case(addr):
+                            m.d.sync += read_value.eq(value)
     with m.Switch(read_space):
         with m.Case(HostSpace.SRAM):
             m.d.comb += host.rdata.eq(sram_rd.data)

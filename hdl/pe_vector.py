@@ -66,6 +66,9 @@ class VectorEngine(wiring.Component):
     read_addr : ``Out(16).array(3)``
         Port 0: ``da``; port 1: ``db`` (``fmacw``: ``dd``, the accumulator
         word); port 2: the ``fmacw`` weight.
+    reads : ``Out(1).array(3)``
+        The issuing element takes the word of read port ``k`` (a memory
+        source; the memory ECC counts only such reads).
     pop_a, pop_b : ``Out(1)``; color_a, color_b : ``Out(16)``
         Pop the input queue of this color (``da``'s, ``db``'s).
     wb_valid : ``Out(1)``
@@ -90,7 +93,7 @@ class VectorEngine(wiring.Component):
             "head_a": In(32), "head_b": In(32),
             "read_data": In(32).array(3),
             "issue": Out(1), "done": Out(1), "stalled": Out(1),
-            "read_addr": Out(16).array(3),
+            "read_addr": Out(16).array(3), "reads": Out(1).array(3),
             "pop_a": Out(1), "pop_b": Out(1), "color_a": Out(16), "color_b": Out(16),
             "wb_valid": Out(1), "wb_fabout": Out(1), "wb_addr": Out(16),
             "a": Out(32), "b": Out(32), "acc": Out(32),
@@ -140,6 +143,9 @@ class VectorEngine(wiring.Component):
             self.read_addr[0].eq(cur_a),
             self.read_addr[1].eq(Mux(weighted, cur_d, cur_b)),
             self.read_addr[2].eq(cur_b),
+            self.reads[0].eq(self.issue & ~a_fabin),
+            self.reads[1].eq(self.issue & (weighted | (self.has_db & ~b_fabin))),
+            self.reads[2].eq(self.issue & weighted & chunk_first & ~b_fabin),
             self.pop_a.eq(self.issue & a_fabin), self.color_a.eq(da.base),
             self.pop_b.eq(self.issue & need_b), self.color_b.eq(db.base),
         ]

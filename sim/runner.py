@@ -12,10 +12,17 @@ Command line::
     wse kernel NAME [--mesh WxH] [--seed S] [--rows R --cols C] [--n N]
                     [--variant row|column|random|power] [--sparsity S] [--sram-words K] [--backend B] [--json]
                     [--trace FILE.json] [--trace-region X,Y,W,H] [--trace-queue X,Y ...]
-                    [--pictures DIR]
+                    [--pictures DIR] [--inject SPEC ...]
 
 ``--trace`` writes a Perfetto timeline of the run (golden model) and
-``--pictures`` its heatmaps (``docs/pictures.md``).
+``--pictures`` its heatmaps (``docs/pictures.md``). ``--inject`` flips
+stored bits of PE memory words once the kernel's data is loaded, before its
+first run (``docs/faults.md``): ``sram:X,Y,ADDR,BIT[,BIT...]`` flips code-word
+bits (0..31 data, 32..38 check bits) of one word, ``random:N,SEED`` one random
+bit in each of ``N`` random non-zero words (the program and its data),
+``dead:X,Y`` kills a PE and ``dead:X,Y,PORT`` the link leaving router
+``(X, Y)`` through ``PORT`` (golden model only); the report then has the
+memory ECC counters (``ecc``).
 
 Prints a short summary, or with ``--json`` the report of :func:`run_kernel`
 as one JSON object. On a device other than ``golden`` (``verilator``,
@@ -45,7 +52,8 @@ __all__ = ["run_kernel", "run", "main"]
 
 
 def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "golden",
-        device: Callable[[FabricConfig], Device] | None = None, look: dict | None = None, **sizes) -> dict:
+        device: Callable[[FabricConfig], Device] | None = None, look: dict | None = None,
+        inject: list | None = None, **sizes) -> dict:
     """Run ``kernel`` on random data and check it; see :func:`run_kernel` for
     the arguments and the report's fields."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -55,6 +63,8 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
     inputs = kernel.inputs(plan, np.random.default_rng(int(seed)))
     expected, exact = kernel.reference(plan, inputs)
     fabric = device(config) if device is not None else make_device(backend, config)
+    if inject:
+        fabric = _Injecting(fabric, inject)
     recorder = _start_recording(fabric, look) if look else None
     start = time.perf_counter()
     got, cycles = kernel.execute(fabric, plan, inputs)
@@ -84,7 +94,63 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
         "utilization": [[round(float(u), 6) for u in row] for row in per_pe],
         "seconds": round(seconds, 3),
         **pictures,
+        **({"ecc": {k: v.tolist() for k, v in fabric.ecc_counters().items()}} if inject else {}),
     }
+
+
+def parse_inject(spec: str) -> tuple:
+    """One ``--inject`` spec: ``("sram", x, y, addr, bits)`` or ``("random", n, seed)``."""
+    kind, _, rest = spec.partition(":")
+    try:
+        values = [int(v) for v in rest.split(",")]
+    except ValueError:
+        values = []
+    if kind == "sram" and len(values) >= 4 and min(values) >= 0:
+        return ("sram", *values[:3], values[3:])
+    if kind == "random" and len(values) == 2 and values[0] > 0 and values[1] >= 0:
+        return ("random", *values)
+    parts = rest.split(",")
+    if kind == "dead" and len(parts) in (2, 3) and all(p.isdigit() for p in parts[:2]):
+        return ("dead", int(parts[0]), int(parts[1]), *parts[2:])
+    raise UsageError(f"--inject must be sram:X,Y,ADDR,BIT[,BIT...], random:N,SEED (non-negative integers, "
+                     f"N > 0) or dead:X,Y[,N|E|S|W], not {spec!r}")
+
+
+class _Injecting:
+    """A device that applies memory fault injections (:func:`parse_inject`
+    specs) just before its first run: after the kernel's program and data
+    are loaded. Every other call goes to the device."""
+
+    def __init__(self, device, specs: list):
+        if not hasattr(device, "inject") or not hasattr(device, "ecc_counters"):
+            raise UsageError(f"--inject needs a device with memory ECC, not {getattr(device, 'backend', '?')}")
+        self._device, self._specs, self.injected = device, list(specs), []
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+    def run(self, max_cycles=None):
+        """Inject (the first time), then run the device."""
+        specs, self._specs = self._specs, []
+        dev = self._device
+        for spec in specs:
+            if spec[0] == "sram":
+                dev.inject(*spec[1:])
+                self.injected.append(spec[1:])
+                continue
+            if spec[0] == "dead":
+                if not hasattr(dev, "kill"):
+                    raise UsageError(f"--inject dead:... needs the golden backend, not {getattr(dev, 'backend', '?')}")
+                dev.kill(*spec[1:])
+                continue
+            n, rng = spec[1], np.random.default_rng(spec[2])
+            words = dev.memcpy_d2h(0, dev.config.sram_words)
+            used = np.argwhere(words != 0)
+            for y, x, addr in used[rng.choice(len(used), size=min(n, len(used)), replace=False)].tolist():
+                bit = int(rng.integers(39))
+                dev.inject(x, y, addr, [bit])
+                self.injected.append((x, y, addr, [bit]))
+        return dev.run(max_cycles)
 
 
 def _start_recording(fabric, look: dict):
@@ -116,7 +182,7 @@ def _write_pictures(recorder, look: dict, title: str) -> dict:
 
 def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "golden",
                device: Callable[[FabricConfig], Device] | None = None, look: dict | None = None,
-               **sizes) -> dict:
+               inject: list | None = None, **sizes) -> dict:
     """Run a library kernel on random data from ``seed`` and check it.
 
     Parameters
@@ -139,6 +205,10 @@ def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "g
         ``region`` (``(x0, y0, w, h)``: the PEs on the timeline) and
         ``queues`` (``(x, y)`` routers whose FIFO occupancy is a counter).
         The report then names the files (``trace``, ``pictures``).
+    inject:
+        Memory faults (:func:`parse_inject` tuples) injected before the
+        first run; the report then has ``ecc``: the ``corrected`` and
+        ``detected`` counts per PE (``[height][width]``).
     **sizes:
         ``rows`` and ``cols`` (gemv), ``n`` (the others), ``variant``
         (``"row"`` or ``"column"`` for broadcast and reduce); defaults as in
@@ -160,7 +230,7 @@ def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "g
         For an unknown kernel or backend, sizes that are not positive
         integers, or data that does not fit in the PE memory.
     """
-    return run(get_kernel(name), config, seed, backend, device, look, **sizes)
+    return run(get_kernel(name), config, seed, backend, device, look, inject, **sizes)
 
 
 # The wse kernel command ---------------------------------------------------------------
@@ -193,6 +263,9 @@ def _parser() -> _Parser:
     parser.add_argument("--trace-queue", action="append", default=[],
                         help="X,Y: a router whose FIFO occupancy the timeline shows (repeatable)")
     parser.add_argument("--pictures", help="write heatmaps (FMAC utilization, stalls, links) into this folder")
+    parser.add_argument("--inject", action="append", default=[],
+                        help="before the run, flip stored memory bits (sram:X,Y,ADDR,BIT[,BIT...] or random:N,SEED) "
+                        "or kill a PE or link (dead:X,Y[,PORT], golden); repeatable; prints the memory ECC counters")
     return parser
 
 
@@ -234,7 +307,18 @@ def _summary(report: dict) -> str:
             f"({report['backend']}, seed {report['seed']}): {verdict}\n"
             f"  max |error| vs float64 {report['max_abs_err_vs_float64']:.3g}, "
             f"{report['cycles']} cycles{golden}, fmac utilization {report['fmac_utilization']:.3f} "
-            f"({report['seconds']:.2f} s)")
+            f"({report['seconds']:.2f} s)" + _ecc_summary(report))
+
+
+def _ecc_summary(report: dict) -> str:
+    """The memory ECC counters of a run with injected faults (nothing otherwise)."""
+    if "ecc" not in report:
+        return ""
+    grids = {k: np.asarray(v) for k, v in report["ecc"].items()}
+    rows = "; ".join(" ".join(f"{c}/{d}" for c, d in zip(cr, dr))
+                     for cr, dr in zip(grids["corrected"].tolist(), grids["detected"].tolist()))
+    return (f"\n  memory ECC: {int(grids['corrected'].sum())} corrected, {int(grids['detected'].sum())} detected "
+            f"(per PE corrected/detected, row by row: {rows})")
 
 
 def main(argv: list[str]) -> int:
@@ -266,7 +350,8 @@ def main(argv: list[str]) -> int:
     if args.backend not in device_names():
         raise UsageError(f"--backend must be one of {', '.join(device_names())}, not {args.backend!r}")
     look = _look(args)
-    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, look=look, **sizes)
+    inject = [parse_inject(spec) for spec in args.inject]
+    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, look=look, inject=inject, **sizes)
     if args.backend != "golden":
         report["golden_cycles"] = run_kernel(kernel.name, config, args.seed, **sizes)["cycles"]
     print(json.dumps(report) if args.json else _summary(report))

@@ -24,9 +24,10 @@ from typing import Iterable
 import numpy as np
 
 from wse.config import FabricConfig, Port, UsageError
+from wse.hdl.pe_ecc import ECC_ADDRS
 from wse.hdl.router import encode_route, decode_route
 from wse.hdl.wavelet import COUNTER_NAMES, HostSpace
-from wse.sim.golden import FabricHang, ProgramFault
+from wse.sim.golden import FabricHang, ProgramFault, ecc
 from wse.sim.golden.hostargs import EDGE_NAMES, HostArgs, stream_words
 
 __all__ = ["RtlFabric", "EDGE_NAMES", "edge_ports", "STATUS_IDLE", "STATUS_CYCLE_LIMIT", "STATUS_NO_PROGRESS"]
@@ -88,6 +89,8 @@ class RtlFabric(HostArgs, abc.ABC):
         # Words that may be non-zero in each PE's data memory.
         self._dirty = np.zeros((cfg.num_pes, cfg.sram_words), dtype=bool)
         self._hung = False
+        # PEs with injected faults since the last reset: only they can stop on an uncorrectable word.
+        self._faulty: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ primitives
     @abc.abstractmethod
@@ -242,6 +245,8 @@ class RtlFabric(HostArgs, abc.ABC):
         for j in range(h):
             for i in range(w):
                 out[j, i] = self._read(HostSpace.SRAM, addrs, x0 + i, y0 + j)
+                if (x0 + i, y0 + j) in self._faulty:
+                    self._raise_ecc_fault([(x0 + i, y0 + j)])
         return out
 
     def stream_in(self, edge: str, index: int, color: int, words, ctrl=None) -> None:
@@ -286,6 +291,9 @@ class RtlFabric(HostArgs, abc.ABC):
         self._dirty[:] = True  # programs may have written anywhere
         self._collect()
         self.cycle = cycles
+        if self._faulty:
+            self._hung = status != STATUS_IDLE
+            self._raise_ecc_fault()
         if status == STATUS_IDLE:
             self.total_cycles += cycles
             self.wavelet_hops += self._run_hops()
@@ -337,9 +345,53 @@ class RtlFabric(HostArgs, abc.ABC):
                 "pe": per}
 
     def reset_counters(self) -> None:
-        """Zero every counter (broadcast writes of the counter addresses)."""
-        self._write(HostSpace.CTRL, np.arange(1, len(COUNTER_NAMES) + 1), 0, bcast=True)
+        """Zero every counter (broadcast writes of the counter addresses), the
+        memory ECC counters included."""
+        self._write(HostSpace.CTRL, [*range(1, len(COUNTER_NAMES) + 1), ECC_ADDRS["corrected"],
+                                     ECC_ADDRS["detected"]], 0, bcast=True)
         self.total_cycles = self.wavelet_hops = 0
+
+    # ------------------------------------------------------------------ memory ECC and injection
+    def inject(self, x: int, y: int, addr: int, bits: Iterable[int]) -> None:
+        """Flip code-word bits ``bits`` (0..31 data, 32..38 check bits) of the
+        data-memory word at ``addr`` of PE ``(x, y)`` as stored: two host-bus
+        writes (the data mask, then the address and check mask), which the PE
+        turns into a read and a write of the raw code word
+        (``docs/architecture.md`` section 4.7)."""
+        self._tile(x, y)
+        self._check_span("inject", addr, 1)
+        data, check = ecc.flip_masks(ecc.flip_bits(bits))
+        self._write(HostSpace.CTRL, [ECC_ADDRS["flip_data"]], data, x, y)
+        self._write(HostSpace.CTRL, [ECC_ADDRS["flip"]], int(addr) | check << 16, x, y)
+        self._dirty[y * self.width + x, addr] = True
+        self._faulty.add((x, y))
+
+    def ecc_counters(self) -> dict[str, np.ndarray]:
+        """Memory ECC events per PE since :meth:`reset_counters`: ``corrected``
+        and ``detected`` as ``[h, w]`` arrays, read over the host bus (also
+        after a run that stopped on an uncorrectable word)."""
+        out = {k: np.zeros((self.height, self.width), dtype=np.int64) for k in ("corrected", "detected")}
+        addrs = [ECC_ADDRS["corrected"], ECC_ADDRS["detected"]]
+        for y in range(self.height):
+            for x in range(self.width):
+                values = self._bus(*self._requests(HostSpace.CTRL, addrs, None, x, y))
+                out["corrected"][y, x], out["detected"][y, x] = (int(v) for v in values)
+        return out
+
+    def _raise_ecc_fault(self, cells=None) -> None:
+        """Raise :class:`~wse.sim.golden.ecc.EccError` with the report that the
+        first stopped PE (of ``cells``, default those with injected faults)
+        latched, in the golden model's words (once: the report is cleared)."""
+        addrs = [ECC_ADDRS["where"], ECC_ADDRS["stored"], ECC_ADDRS["syndrome"]]
+        for x, y in sorted(cells or self._faulty, key=lambda c: (c[1], c[0])):
+            where, stored, syndrome = (int(v) for v in self._bus(*self._requests(HostSpace.CTRL, addrs, None, x, y)))
+            if where >> 31:
+                # Writing the detected counter (with its value) clears the report: it is raised once.
+                detected = self._bus(*self._requests(HostSpace.CTRL, [ECC_ADDRS["detected"]], None, x, y))
+                self._bus(*self._requests(HostSpace.CTRL, [ECC_ADDRS["detected"]], detected, x, y, we=True))
+                place = f"PE ({x}, {y}) task {where >> 16 & 0xFF} pc {syndrome >> 16}" if where >> 24 & 1 \
+                    else f"PE ({x}, {y})"
+                raise ecc.EccError(ecc.report(place, where & 0xFFFF, stored, syndrome & 0x7F, syndrome >> 8 & 0x3F))
 
     # ------------------------------------------------------------------ RTL extras
     def registers(self, x: int, y: int) -> list[int]:

@@ -7,7 +7,10 @@ be equal bit for bit. After each ``run`` it also compares what the host can
 see without taking it: the cycle count, the hop count, every wavelet that
 left the mesh (by edge port and color, in order), every per-PE counter, every
 PE's registers, and (optionally) every word of every PE's data memory and
-every wavelet each PE emitted.
+every wavelet each PE emitted. Memory faults go to both devices
+(:meth:`Lockstep.inject`), and once any was injected the memory ECC counters
+are compared too; an uncorrectable word must stop both runs with the same
+report.
 
 So anything that runs on the golden model runs in co-simulation::
 
@@ -26,6 +29,7 @@ import numpy as np
 
 from wse.config import Port
 from wse.sim.golden import FabricHang
+from wse.sim.golden.ecc import EccError
 
 __all__ = ["Divergence", "Lockstep", "golden_emits"]
 
@@ -117,6 +121,7 @@ class Lockstep:
             reference.enable_trace()
             device.trace_emits(True)
         self._emit_seen: dict[tuple[int, int], int] = {}
+        self._injected = False   # memory faults injected: compare the ECC counters too
 
     # ------------------------------------------------------------------ forwarding
     def _both(self, name, *args, **kwargs):
@@ -163,6 +168,33 @@ class Lockstep:
     def reset_counters(self):
         self._both("reset_counters")
 
+    def inject(self, x, y, addr, bits):
+        """Flip the same stored code-word bits on both devices."""
+        self._both("inject", x, y, addr, list(bits))
+        self._injected = True
+
+    def inject_random(self, rng, words_per_pe: int, flips: int = 1) -> int:
+        """Flip ``flips`` random code-word bits in each of ``words_per_pe``
+        random non-zero words (the program and its data) of every PE, on both
+        devices; ``rng`` a numpy ``Generator``. Returns the words hit. The
+        reference must be the golden model (its stored words pick the words)."""
+        hit = 0
+        for y in range(self.height):
+            for x in range(self.width):
+                # The reference's stored words, not read through its decoder (a read would scrub).
+                used = np.flatnonzero(self.reference.pe(x, y).mem.view(np.ndarray))
+                for addr in rng.choice(used, size=min(words_per_pe, len(used)), replace=False).tolist():
+                    self.inject(x, y, int(addr), rng.choice(39, size=flips, replace=False).tolist())
+                    hit += 1
+        return hit
+
+    def ecc_counters(self):
+        """Memory ECC counts per PE; the device's must equal the reference's."""
+        expected, got = self._both("ecc_counters")
+        self._compare_counters({"cycles": 0, "wavelet_hops": 0, "pe": {}},
+                               {"cycles": 0, "wavelet_hops": 0, "pe": {}}, ecc=(expected, got))
+        return expected
+
     def counters(self):
         expected, got = self._both("counters")
         self._compare_counters(expected, got)
@@ -176,14 +208,18 @@ class Lockstep:
             try:
                 results.append(fabric.run(max_cycles))
                 failures.append(None)
-            except FabricHang as exc:
+            except (FabricHang, EccError) as exc:
                 results.append(None)
                 failures.append(exc)
         self.runs += 1
-        if (failures[0] is None) != (failures[1] is None):
-            hung = "device" if failures[1] else "reference"
-            raise Divergence(f"run {self.runs}: only the {hung} hung", {"kind": "error"},
-                             [str(failures[0] or failures[1])])
+        if type(failures[0]) is not type(failures[1]):
+            what = ["ran to the end", "hung", "stopped on a memory error"]
+            kinds = [what[0] if f is None else what[1] if isinstance(f, FabricHang) else what[2] for f in failures]
+            raise Divergence(f"run {self.runs}: the reference {kinds[0]}, the device {kinds[1]}", {"kind": "error"},
+                             [str(f) for f in failures if f is not None])
+        if isinstance(failures[0], EccError) and str(failures[0]) != str(failures[1]):
+            raise Divergence(f"run {self.runs}: different memory error reports", {"kind": "error"},
+                             [f"reference: {failures[0]}", f"device: {failures[1]}"])
         if failures[0] is not None:
             raise failures[0]
         if results[0] != results[1]:
@@ -199,7 +235,8 @@ class Lockstep:
         enabled). Raises :class:`Divergence` on the first difference."""
         self.compared = {}
         self._compare_outputs(set(self.reference.pending_out()) | set(self.device.pending_out()))
-        self._compare_counters(self.reference.counters(), self.device.counters())
+        ecc = (self.reference.ecc_counters(), self.device.ecc_counters()) if self._injected else None
+        self._compare_counters(self.reference.counters(), self.device.counters(), ecc=ecc)
         for y in range(self.height):
             for x in range(self.width):
                 if self.check_registers:
@@ -243,7 +280,10 @@ class Lockstep:
         data, ctrl = value
         return f"data {int(data):#010x} ctrl {int(ctrl)}"
 
-    def _compare_counters(self, expected, got) -> None:
+    def _compare_counters(self, expected, got, ecc=None) -> None:
+        if ecc is not None:
+            expected = {**expected, "pe": {**expected["pe"], **{f"ecc_{k}": v for k, v in ecc[0].items()}}}
+            got = {**got, "pe": {**got["pe"], **{f"ecc_{k}": v for k, v in ecc[1].items()}}}
         for name in ("cycles", "wavelet_hops"):
             self._count("counters")
             if expected[name] != got[name]:

@@ -3,7 +3,7 @@
 Command line::
 
     python -m wse.sim.cosim.regress [--sim verilator|icarus] [--mesh WxH] [--waves]
-                                    [--only router,pe,mesh,backend] [--wavelets N]
+                                    [--only router,pe,mesh,faults,backend] [--wavelets N]
                                     [--programs N] [--size N] [--seed S]
                                     [--memory-check auto|on|off] [--out DIR]
 
@@ -17,6 +17,9 @@ Suites:
               and ``--programs`` random ones in lockstep with the golden model
 ``mesh``      :mod:`wse.sim.cocotb_tb.mesh_tb` on ``--mesh``: every library
               kernel in lockstep, and the checker's failure test
+``faults``    :mod:`wse.sim.cocotb_tb.fault_tb` on ``--mesh``: random single
+              flips in PE memory during kernels, ECC counters compared in
+              lockstep, and a double flip stopping both runs alike
 ``backend``   the ``verilator`` backend (C++ harness) on ``--mesh``: every
               library kernel in lockstep with the golden model
 ============  ==============================================================
@@ -44,9 +47,9 @@ from .programs import COSIM_CONFIG
 
 __all__ = ["SUITES", "Row", "run_suite", "parse_results", "format_table", "main"]
 
-SUITES = ("router", "pe", "mesh", "backend")
+SUITES = ("router", "pe", "mesh", "faults", "backend")
 _MODULES = {"router": "wse.sim.cocotb_tb.router_tb", "pe": "wse.sim.cocotb_tb.pe_tb",
-            "mesh": "wse.sim.cocotb_tb.mesh_tb"}
+            "mesh": "wse.sim.cocotb_tb.mesh_tb", "faults": "wse.sim.cocotb_tb.fault_tb"}
 
 Row = tuple[str, str, int, float]  # test, status, simulated cycles, wall seconds
 
@@ -82,7 +85,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def _suite_config(suite: str, mesh: FabricConfig) -> FabricConfig:
-    return mesh if suite in ("mesh", "backend") else COSIM_CONFIG.with_mesh(1, 1)
+    return mesh if suite in ("mesh", "faults", "backend") else COSIM_CONFIG.with_mesh(1, 1)
 
 
 def run_suite(suite: str, sim: str, config: FabricConfig, out: Path, *, waves: bool = False,
@@ -173,6 +176,7 @@ def main(argv=None) -> int:
                   "mesh": {"SIZE": args.size, "SEED": args.seed,
                            "MEMORY": int(args.memory_check == "on" or (args.memory_check == "auto" and (
                                args.sim == "verilator" or mesh.num_pes <= 4)))},
+                  "faults": {"SIZE": args.size, "SEED": args.seed},
                   "backend": {"SIZE": args.size, "SEED": args.seed}}
     except UsageError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from wse.config import UsageError
+
 from .errors import ProgramFault
 
 __all__ = ["CODE_BITS", "CHECK_BITS", "DATA_BITS", "POSITIONS", "EccError", "EccMemory", "decode", "encode",
-           "inject", "pending"]
+           "inject", "pending", "flip_bits", "flip_masks", "report"]
 
 DATA_BITS = 32
 CHECK_BITS = 7
@@ -96,6 +98,31 @@ def decode(data, check) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     return d, c, status.astype(np.int64), syndrome
 
 
+def flip_bits(bits) -> list[int]:
+    """``bits`` as a list of distinct code-word bit numbers (0..31 data, 32..38
+    check bits); anything else is one :class:`~wse.config.UsageError` line."""
+    try:
+        flips = [int(b) for b in bits]
+    except (TypeError, ValueError):
+        flips = None
+    if not flips or len(set(flips)) != len(flips) or not all(0 <= b < CODE_BITS for b in flips):
+        raise UsageError(f"inject: bits must be distinct code-word bits in 0..{CODE_BITS - 1}, not {bits!r}")
+    return flips
+
+
+def flip_masks(bits) -> tuple[int, int]:
+    """The XOR masks ``(data, check)`` that flip code-word bits ``bits``."""
+    data = sum(1 << b for b in bits if b < DATA_BITS)
+    check = sum(1 << (b - DATA_BITS) for b in bits if b >= DATA_BITS)
+    return data, check
+
+
+def report(where: str, addr: int, data: int, check: int, syndrome: int) -> str:
+    """The message of an uncorrectable word (every device words it the same)."""
+    return (f"{where}: uncorrectable memory error (two or more flipped bits) at data address {addr}: "
+            f"stored data {data:#010x}, check bits {check:#04x}, syndrome {syndrome:#04x}")
+
+
 class EccError(ProgramFault):
     """A memory word with an uncorrectable error (two flipped bits) was read.
     The message names the PE, the address, the stored data and check bits
@@ -148,9 +175,7 @@ def _correct(pe, plain: np.ndarray, addrs: list[int]) -> None:
         if status[k] == DETECTED:
             pe.ecc["detected"] += 1
             where = pe.where() if pe.running else f"PE ({pe.x}, {pe.y})"
-            raise EccError(f"{where}: uncorrectable memory error (two or more flipped bits) at data address {addr}: "
-                           f"stored data {int(stored_d[k]):#010x}, check bits {int(stored_c[k]):#04x}, "
-                           f"syndrome {int(syndrome[k]):#04x}")
+            raise EccError(report(where, addr, int(stored_d[k]), int(stored_c[k]), int(syndrome[k])))
         if status[k] == CORRECTED:
             pe.ecc["corrected"] += 1
         plain[addr] = d[k]                 # the scrubbed word: a valid code word again

@@ -157,21 +157,49 @@ class Fabric(HostArgs):
 
     def inject(self, x: int, y: int, addr: int, bits: Iterable[int]) -> None:
         """Flip code-word bits ``bits`` of the data-memory word at ``addr`` of PE
-        ``(x, y)`` as stored (golden model only for now): 0..31 are the data
+        ``(x, y)`` as stored (the RTL devices too): 0..31 are the data
         bits, 32..38 the check bits (:mod:`wse.sim.golden.ecc`). The next read
         corrects one flip (counted in :meth:`ecc_counters`) and reports two
         with :class:`~wse.sim.golden.ecc.EccError`; a write first forgets them."""
         pe = self.pe(x, y)
         self._check_span("inject", addr, 1)
-        flips = [int(b) for b in bits]
-        if not flips or len(set(flips)) != len(flips) or not all(0 <= b < ecc.CODE_BITS for b in flips):
-            raise UsageError(f"inject: bits must be distinct code-word bits in 0..{ecc.CODE_BITS - 1}, not {flips}")
-        ecc.inject(pe, addr, flips)
+        ecc.inject(pe, addr, ecc.flip_bits(bits))
+
+    def kill(self, x: int, y: int, port: Port | int | str | None = None) -> None:
+        """Kill PE ``(x, y)`` (``port`` None) or the link leaving router ``(x,
+        y)`` through ``port`` (N, E, S or W, toward a neighbour: both
+        directions die). A dead PE runs no task and takes no wavelet; a dead
+        link carries none. A run that needs them stops with a
+        :class:`FabricHang` whose report names them (``docs/faults.md``)."""
+        pe = self.pe(x, y)
+        if port is None:
+            pe.dead = True
+            self.routers.kill(pes=[pe.index])
+            return
+        try:
+            p = Port[port.upper()] if isinstance(port, str) else Port(port)
+        except (KeyError, ValueError):
+            p = None
+        dx, dy = {Port.N: (0, -1), Port.S: (0, 1), Port.E: (1, 0), Port.W: (-1, 0)}.get(p, (None, None))
+        if dx is None or not (0 <= x + dx < self.width and 0 <= y + dy < self.height):
+            raise UsageError(f"kill: port must be N, E, S or W toward a neighbour of router ({x}, {y}), not {port!r}")
+        other = (y + dy) * self.width + x + dx
+        self.routers.kill(links=[(pe.index, int(p)), (other, int(p.opposite))])
+
+    def _dead_parts(self) -> list[str]:
+        """One line per dead PE and dead link."""
+        lines = [f"PE ({i % self.width}, {i // self.width}) is dead" for i in sorted(self.routers.dead_pes)]
+        for r, port in sorted(self.routers.dead_links):
+            if Port(port) in (Port.E, Port.S):
+                x, y = r % self.width, r // self.width
+                nx, ny = (x + 1, y) if Port(port) is Port.E else (x, y + 1)
+                lines.append(f"the link between routers ({x}, {y}) and ({nx}, {ny}) is dead")
+        return lines
 
     def ecc_counters(self) -> dict[str, np.ndarray]:
         """Memory ECC events per PE since :meth:`reset_counters`, as ``[h, w]``
         arrays: ``corrected`` (single flips) and ``detected`` (uncorrectable
-        words). Golden model only for now (``docs/faults.md`` section 3)."""
+        words); the RTL devices count the same (``docs/faults.md`` section 3)."""
         return {k: np.array([[self.pes[y * self.width + x].ecc[k] for x in range(self.width)]
                              for y in range(self.height)], dtype=np.int64) for k in ("corrected", "detected")}
 
@@ -287,7 +315,8 @@ class Fabric(HostArgs):
                 t = max(t, heap[0][0])
                 continue
             if routers.active or senders or routers.edge_in or any(pe.running for pe in pes) \
-                    or any(q for pe in pes for q in pe.rx):
+                    or any(q for pe in pes for q in pe.rx) \
+                    or any(pe.dead and pe.ready_task() is not None for pe in pes):
                 self.cycle = t
                 raise FabricHang(f"the fabric stopped making progress at cycle {t} before becoming idle",
                                  self._report(), t)
@@ -332,9 +361,11 @@ class Fabric(HostArgs):
 
     # ------------------------------------------------------------------ reports
     def _report(self) -> list[str]:
-        lines = []
+        lines = self._dead_parts()
         for pe in self.pes:
             where = f"PE ({pe.x}, {pe.y})"
+            if pe.dead and pe.ready_task() is not None:
+                lines.append(f"{where} is dead: its task {pe.ready_task()} never runs")
             if pe.running:
                 what = "running"
                 if pe.wait and pe.wait[0] == "rx":

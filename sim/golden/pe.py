@@ -58,6 +58,7 @@ class PE:
         self.counters = dict.fromkeys(("busy", "instructions", "fmac", "flops", "stall", "tasks"), 0)
         self.ecc = {"corrected": 0, "detected": 0}   # memory ECC events (wse.sim.golden.ecc)
         self.ecc_check: dict[int, int] = {}          # stored check bits of the words an injection touched
+        self.dead = False                            # killed (Fabric.kill): runs nothing, takes no wavelet
         self.trace: list | None = None
         self.rec: list | None = None   # events while a Recorder runs (wse.sim.golden.events)
 
@@ -133,6 +134,8 @@ class PE:
     def step(self, t: int) -> None:
         """Do the PE's work of cycle ``t`` and run ahead through private
         instructions; leaves the PE scheduled or waiting."""
+        if self.dead:
+            return
         fab = self.fabric
         self.wait = None
         if not self.running:

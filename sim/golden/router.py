@@ -36,6 +36,9 @@ PORTS = len(Port)
 #: edge (always ready; collected by the host), a link to the outside whose
 #: ``ready`` bits are given every cycle (:class:`Router`).
 TO_ROUTER, TO_PE, TO_EDGE, TO_LINK = range(4)
+#: The "port the target must accept from" of a target behind a dead link or a
+#: dead PE: no route accepts from it, so nothing is ever granted to it.
+DEAD = -1
 
 _RAMP = int(Port.RAMP)
 _EDGE_PORTS = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
@@ -106,6 +109,10 @@ class Routers:
         self.link_ready = [0] * PORTS
         self.link_out: list = [None] * PORTS
         self.hops = 0
+        #: Dead parts (docs/faults.md): ``(router, port code)`` of each dead link's
+        #: two ends, and the routers whose PE is dead.
+        self.dead_links: set[tuple[int, int]] = set()
+        self.dead_pes: set[int] = set()
 
     # ------------------------------------------------------------------ route tables
     def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs) -> None:
@@ -126,10 +133,29 @@ class Routers:
         self.set_targets(r, color, in_code, mask, tuple(targets))
 
     def set_targets(self, r: int, color: int, in_code: int, mask: int, targets: tuple) -> None:
-        """Set the route of ``color`` at router ``r``: input port code, output mask and targets."""
+        """Set the route of ``color`` at router ``r``: input port code, output mask and targets
+        (a target behind a dead link or PE never takes a wavelet)."""
+        if self.dead_links or self.dead_pes:
+            targets = tuple(self._deaden(r, t) for t in targets)
         self.route_in[r][color] = in_code
         self.route_mask[r][color] = mask
         self.route_targets[r][color] = targets
+
+    def _deaden(self, r: int, target: tuple) -> tuple:
+        port, kind, tgt, _ = target
+        if (kind == TO_ROUTER and (r, int(port)) in self.dead_links) or (kind == TO_PE and tgt in self.dead_pes):
+            return (port, TO_ROUTER, tgt, DEAD)
+        return target
+
+    def kill(self, links=(), pes=()) -> None:
+        """Mark links (``(router, port code)`` of both ends) and PEs (their
+        router) dead; every route already set stops sending into them."""
+        self.dead_links.update(links)
+        self.dead_pes.update(pes)
+        for r, targets in enumerate(self.route_targets):
+            for c, t in enumerate(targets):
+                if t:
+                    self.set_targets(r, c, self.route_in[r][c], self.route_mask[r][c], t)
 
     def route(self, r: int, color: int) -> tuple[int, tuple[Port, ...]]:
         """The route of ``color`` at router ``r``: (input code, output ports)."""
@@ -293,7 +319,10 @@ class Routers:
                 for port, kind, tgt, opp in self.route_targets[r][c]:
                     if kind == TO_ROUTER:
                         tx, ty = tgt % self.width, tgt // self.width
-                        if self.route_in[tgt][c] != opp:
+                        if opp == DEAD:
+                            blocked.append(f"{port.name} -> PE ({tx}, {ty}) is dead" if tgt == r and port is Port.RAMP
+                                           else f"{port.name} -> the link to router ({tx}, {ty}) is dead")
+                        elif self.route_in[tgt][c] != opp:
                             blocked.append(f"{port.name} -> router ({tx}, {ty}) does not accept color {c} "
                                            f"from {Port(opp).name}")
                         elif len(self.fifo[tgt][c]) >= self.depth:

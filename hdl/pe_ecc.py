@@ -1,0 +1,199 @@
+"""SECDED ECC on the data memory of the processing element (:class:`~wse.hdl.pe.PE`).
+
+The RTL of ``docs/architecture.md`` section 4.7, bit for bit the code of the
+golden model (:mod:`wse.sim.golden.ecc`): every data-memory word is stored as
+a 39-bit code word (bits 0..31 the data, 32..37 the six Hamming check bits,
+38 the overall parity).
+
+* **Write port**: the PE's one write port takes 32-bit data; the encoder
+  adds the check bits (:func:`ecc_storage` hands the PE a port of the old
+  shape, so the rest of the PE is unchanged).
+* **Read ports**: each of the three read ports has a decoder; the PE sees the
+  corrected word. A read is *used* when an instruction or the host takes its
+  word (``ld``/``ldsd``, a vector element's memory source, a host ``SRAM``
+  read); only used reads count. A used read of a word with one flip counts
+  ``ecc corrected`` and writes the corrected code word back (a scrub write
+  port per read port, so a scrub never waits and never delays the PE; a word
+  read by two ports in the same cycle counts once; the PE's own write to the
+  same word in that cycle wins). An uncorrectable word counts ``ecc
+  detected``, latches the report (address, stored data, check bits,
+  syndrome, task and pc) and stops the PE: its task ends, no task is
+  selected and its ECC counts freeze until the host writes the ``detected``
+  counter.
+* **Host bus** (``CTRL`` space, after the counters of
+  :data:`~wse.hdl.wavelet.COUNTER_NAMES`): :data:`ECC_ADDRS`. ``corrected``
+  and ``detected`` read the counters and a write sets them (writing
+  ``detected`` also clears the latched report); ``where``, ``stored`` and
+  ``syndrome`` read the report; ``flip_data`` (write) holds a mask of data
+  bits and a write of ``addr | check_mask << 16`` to ``flip`` flips those
+  bits of the stored code word at ``addr`` (read in that cycle, written in
+  the PE's next clock cycle through scrub port 0, unless a write of the word
+  in that cycle replaces it): fault injection.
+
+The fault-free PE takes exactly the cycles it took without ECC: the decoders
+are combinational on the read data, and scrubs use their own write ports.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import NamedTuple
+
+from amaranth import Cat, Const, Signal
+
+from .wavelet import COUNTER_NAMES, HostSpace
+
+__all__ = ["CODE_BITS", "POSITIONS", "ECC_ADDRS", "EccPorts", "ecc_storage", "ecc_logic", "encoder", "decoder"]
+
+DATA_BITS = 32
+CODE_BITS = 39
+#: Hamming position (1..38) of each data bit: the positions that are not powers of two.
+POSITIONS = [p for p in range(1, 39) if p & (p - 1)]
+#: ``CTRL`` addresses of the ECC registers (after the performance counters).
+ECC_ADDRS = {name: len(COUNTER_NAMES) + 1 + i for i, name in enumerate(
+    ("corrected", "detected", "where", "stored", "syndrome", "flip_data", "flip"))}
+
+
+#: MASKS[j]: the data bits that Hamming check bit j covers.
+MASKS = [sum(1 << i for i, p in enumerate(POSITIONS) if p >> j & 1) for j in range(6)]
+
+
+def encoder(data) -> object:
+    """The 7 check bits of 32-bit ``data`` (bits 0..5 Hamming, bit 6 overall parity)."""
+    hamming = Cat(*((data & Const(mask, DATA_BITS)).xor() for mask in MASKS))
+    return Cat(hamming, Cat(data, hamming).xor())
+
+
+def decoder(m, word, name: str):
+    """Decode a stored 39-bit ``word``: returns ``(data, corrected, detected,
+    syndrome)``, the corrected data and whether the word had one flip or an
+    uncorrectable error."""
+    data, check = word[:DATA_BITS], word[DATA_BITS:]
+    syndrome = Signal(6, name=f"{name}_syndrome")
+    odd = Signal(name=f"{name}_odd")
+    m.d.comb += [syndrome.eq(encoder(data)[:6] ^ check[:6]), odd.eq(word.xor())]
+    fixed = Signal(DATA_BITS, name=f"{name}_data")
+    m.d.comb += fixed.eq(data ^ Cat(*(odd & (syndrome == p) for p in POSITIONS)))
+    corrected = odd & (syndrome < CODE_BITS)
+    detected = (~odd & (syndrome != 0)) | (odd & (syndrome >= CODE_BITS))
+    return fixed, corrected, detected, syndrome
+
+
+class _WritePort(NamedTuple):
+    """The PE's view of the write port: 32-bit ``data``, encoded on the way in."""
+
+    addr: Signal
+    data: Signal
+    en: Signal
+
+
+class _ReadPort(NamedTuple):
+    """The PE's view of a read port: ``data`` is the corrected word."""
+
+    addr: Signal
+    data: Signal
+
+
+class EccPorts(NamedTuple):
+    """The raw 39-bit ports behind the PE's ports: the write port, the scrub
+    write ports (one per read port) and the read ports with their decoders'
+    outputs ``(data, corrected, detected, syndrome)``."""
+
+    write: object
+    scrub: list
+    read: list
+    decoded: list
+
+
+def ecc_storage(m, memory) -> tuple[_WritePort, list, EccPorts]:
+    """The ports of the 39-bit data ``memory``: the PE's write port and its
+    three read ports (32-bit views, transparent for every write port), and
+    the raw ports for :func:`ecc_logic`."""
+    wr = memory.write_port()
+    scrub = [memory.write_port() for _ in range(3)]
+    rd = [memory.read_port(transparent_for=(wr, *scrub)) for _ in range(3)]
+    data = Signal(DATA_BITS, name="sram_wdata")
+    m.d.comb += wr.data.eq(Cat(data, encoder(data)))
+    views, decoded = [], []
+    for k, port in enumerate(rd):
+        dec = decoder(m, port.data, f"sram_rd{k}")
+        decoded.append(dec)
+        views.append(_ReadPort(port.addr, dec[0]))
+    return _WritePort(wr.addr, data, wr.en), views, EccPorts(wr, scrub, rd, decoded)
+
+
+def ecc_logic(m, pe, ports: EccPorts, used: list, select) -> dict:
+    """Counting, scrubbing, the error report, stopping the PE and injection.
+
+    ``used[k]``: read port ``k`` presents the address of a word that an
+    instruction or the host takes (its word is decoded in the next cycle).
+    ``select``: the scheduler's select signal, forced low while the PE is
+    stopped. Returns ``{CTRL address: signal}`` of the readable registers
+    for the host port."""
+    host = pe.host
+    count = pe.ecc_counters
+    addr_bits = len(ports.read[0].addr)
+    # The used reads, as their data arrives.
+    used_q = [Signal(name=f"ecc_used{k}") for k in range(3)]
+    addr_q = [Signal(addr_bits, name=f"ecc_addr{k}") for k in range(3)]
+    m.d.sync += [used_q[k].eq(used[k]) for k in range(3)]
+    m.d.sync += [addr_q[k].eq(ports.read[k].addr) for k in range(3)]
+    stopped = Signal()        # an uncorrectable word was read: the PE stops, the report is latched
+    where, stored, syndrome = Signal(32), Signal(32), Signal(32)
+    wr = ports.write
+    fix, bad = [], []
+    for k, (data, corrected, detected, _) in enumerate(ports.decoded):
+        # A word that an earlier port read in this cycle counts there.
+        first = ~reduce(lambda a, b: a | b, [used_q[j] & (addr_q[j] == addr_q[k]) for j in range(k)], Const(0))
+        fix.append(Signal(name=f"ecc_fix{k}"))
+        bad.append(Signal(name=f"ecc_bad{k}"))
+        m.d.comb += [fix[k].eq(~stopped & used_q[k] & first & corrected),
+                     bad[k].eq(~stopped & used_q[k] & detected)]
+        own_write = wr.en & (wr.addr == addr_q[k])
+        scrub = ports.scrub[k]
+        m.d.comb += [scrub.addr.eq(addr_q[k]), scrub.data.eq(Cat(data, encoder(data))),
+                     scrub.en.eq(fix[k] & ~own_write)]
+    n_fixed = sum(fix[k] for k in range(3))
+    any_bad = Signal()
+    m.d.comb += any_bad.eq(Cat(*bad).any())
+    m.d.sync += count["corrected"].eq(count["corrected"] + n_fixed)
+    with m.If(any_bad):
+        m.d.sync += [count["detected"].eq(count["detected"] + 1), stopped.eq(1), pe.running.eq(0)]
+        # The report of the first port with an uncorrectable word.
+        for k in reversed(range(3)):
+            with m.If(bad[k]):
+                raw = ports.read[k].data
+                m.d.sync += [
+                    where.eq(Cat(addr_q[k], Const(0, 16 - addr_bits), pe.task, Const(0, 8 - len(pe.task)),
+                                 pe.running)),
+                    stored.eq(raw[:DATA_BITS]),
+                    syndrome.eq(Cat(raw[DATA_BITS:], Const(0, 1), ports.decoded[k][3], Const(0, 2), pe.pc)),
+                ]
+    with m.If(stopped):
+        m.d.comb += select.eq(0)
+
+    # Host: set the counters (writing `detected` clears the report), inject flips.
+    write = host.stb & host.we & (host.sel | host.bcast) & (host.space == HostSpace.CTRL)
+    flip_data = Signal(DATA_BITS)
+    flip_pending = Signal()
+    flip_addr = Signal(addr_bits)
+    flip_check = Signal(CODE_BITS - DATA_BITS)
+    m.d.sync += flip_pending.eq(0)
+    with m.If(write):
+        with m.Switch(host.addr):
+            with m.Case(ECC_ADDRS["corrected"]):
+                m.d.sync += count["corrected"].eq(host.wdata)
+            with m.Case(ECC_ADDRS["detected"]):
+                m.d.sync += [count["detected"].eq(host.wdata), stopped.eq(0)]
+            with m.Case(ECC_ADDRS["flip_data"]):
+                m.d.sync += flip_data.eq(host.wdata)
+            with m.Case(ECC_ADDRS["flip"]):
+                m.d.comb += ports.read[0].addr.eq(host.wdata[:addr_bits])
+                m.d.sync += [flip_pending.eq(1), flip_addr.eq(host.wdata[:addr_bits]),
+                             flip_check.eq(host.wdata[16:16 + CODE_BITS - DATA_BITS])]
+    with m.If(flip_pending):      # the PE's next cycle (a host write of the word then wins)
+        scrub = ports.scrub[0]
+        m.d.comb += [scrub.addr.eq(flip_addr), scrub.en.eq(~(wr.en & (wr.addr == flip_addr))),
+                     scrub.data.eq(ports.read[0].data ^ Cat(flip_data, flip_check))]
+    return {ECC_ADDRS["corrected"]: count["corrected"], ECC_ADDRS["detected"]: count["detected"],
+            ECC_ADDRS["where"]: Cat(where[:31], stopped), ECC_ADDRS["stored"]: stored, ECC_ADDRS["syndrome"]: syndrome}
