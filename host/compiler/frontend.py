@@ -46,12 +46,12 @@ _CROSS_ENTROPY_NAMES = ("cross_entropy", "softmax_cross_entropy")
 class UnsupportedModelError(UsageError):
     """The model uses operations the compiler cannot map; :attr:`problems` lists every one."""
 
-    def __init__(self, model_name: str, problems: list[UnsupportedOp]) -> None:
+    def __init__(self, model_name: str, problems: list[UnsupportedOp], supported: str = SUPPORTED_SUMMARY) -> None:
         self.model_name = model_name
         self.problems = list(problems)
         count = len(self.problems)
         lines = [f"model {model_name} has {count} unsupported operation{'' if count == 1 else 's'} "
-                 f"({SUPPORTED_SUMMARY}):"]
+                 f"({supported}):"]
         lines += [f"  {problem}" for problem in self.problems]
         super().__init__("\n".join(lines))
 
@@ -273,8 +273,17 @@ def trace(model: nn.Module, example_input: torch.Tensor,
         If the model does not run on ``example_input`` (mismatched shapes).
     UsageError
         For wrong arguments (not a module, input without batch dimension or
-        not float32) or a model without any Linear layer.
+        not float32) or a model without any Linear layer; and for a
+        transformer (a model with an embedding or attention module):
+        :func:`~.transformer_capture.capture` captures it (or lists what it
+        cannot), but its mapping onto the fabric is not built yet.
     """
+    from .transformer_capture import capture, is_transformer  # it builds on this module
+    if is_transformer(model, example_input):
+        graph = capture(model, example_input, loss)
+        raise UsageError(f"model {graph.name} is a transformer ({len(graph.nodes)} operations, "
+                         f"{graph.parameter_count:,} parameters, captured by the front end); its mapping onto "
+                         f"the fabric is not built yet (docs/transformer.md section 8)")
     _check_arguments(model, example_input)
     model_name = type(model).__name__
     loss_spec, loss_problem = _resolve_loss(loss)
