@@ -5,11 +5,15 @@ cycles, checked by tests/test_pipelined.py and tests/test_weight_streaming.py).
 For each model on its mesh, one JSON line per mode:
 
 * ``pipelined``: the forward phase's cycles at two batches ``b1 < b2`` (the
-  largest that fits PE memory); the steady-state cycles per sample
-  ``(c(b2) - c(b1)) / (b2 - b1)`` (every region busy at once); the steady-state
-  utilization: multiply-adds per sample over PEs times those cycles; the fill
-  and drain share of the ``b2`` run ``1 - b2 * steady / c(b2)`` (the bubble);
-  the regions and the slowest region's tile;
+  largest that fits PE memory) of a plan that evaluates; the steady-state
+  cycles per sample ``(c(b2) - c(b1)) / (b2 - b1)`` (every region busy at
+  once: what one more sample costs); the **steady-state FMAC utilization**:
+  the model's multiply-adds per sample over (all the mesh's PEs, idle ones
+  included, times those steady-state cycles), the same multiply-add count for
+  every mode (``sum(k * o)`` over the Linear layers; backward
+  ``2 * sum(k * o)`` less layer 0's input gradient); the fill and drain share
+  of the ``b2`` run ``1 - b2 * steady / c(b2)`` (the bubble); the regions and
+  the slowest region's tile;
 * ``weight_streaming``: the forward phases' cycles per sample at its batch
   (weights streaming in at the full rate the cycle model assumes) and the
   same utilization;

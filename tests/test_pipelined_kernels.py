@@ -41,13 +41,14 @@ def _ref_forward(region, w, b, relu, act):
     for s in range(act.shape[0]):
         for o in range(w.shape[0]):
             y = None
-            for ins in region.in_blocks():
+            blocks = region.in_blocks()
+            for q, ins in enumerate(blocks):
                 part = nm.mul(_b(w[o, ins[0]]), _b(act[s, ins[0]]))
+                if b is not None and q == len(blocks) - 1:      # the chain end starts at the bias
+                    part = nm.add(_b(b[o]), part)
                 for k in ins[1:]:
                     part = nm.add(part, nm.mul(_b(w[o, k]), _b(act[s, k])))
                 y = part if y is None else nm.add(y, part)
-            if b is not None:
-                y = nm.add(y, _b(b[o]))
             if relu:
                 y = nm.fmax(y, 0)
             out[s, o] = _f(y)

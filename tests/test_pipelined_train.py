@@ -166,3 +166,20 @@ def test_fc_mnist_50_steps_agree_with_pytorch():
     ours = [fn.train_step(bx, by)[0] for bx, by in batches]          # 3 passes of 22, 22, 20 samples
     np.testing.assert_allclose(ours, _torch_losses(model, MOMENTUM, batches), rtol=1e-6)
     assert ours[-1] < ours[0]
+
+
+def test_the_relu_mask_goes_to_the_less_loaded_side_of_each_boundary():
+    from wse.firmware.training import pipe
+    from wse.host.compiler.pipelined_train import mask_at_sender
+    p = plan(trace(_mlp((784, 256, 256, 10)), torch.zeros(1, 784)), FabricConfig(width=16, height=16), 4, MOMENTUM)
+    assert [mask_at_sender(p.layers, p.regions, l) for l in range(3)] == [False, False, True]
+    flags = {}
+    for row in p.phases["backward"][1]:
+        for records in row:
+            for words in records:
+                _, f = pipe.decode(words)
+                flags.setdefault((f["k"], f["o"]), set()).add((f["mask"], f["xmask"]))
+    # fc1's chain ends (65 inputs, 18 outputs) mask what fc2 sends them; fc3's near ends mask for fc2
+    assert (1, 0) in flags[(65, 18)] and all(xm == 0 for _, xm in flags[(65, 18)] | flags[(66, 18)])
+    assert all(m == 0 for m, _ in flags[(17, 64)] | flags[(18, 64)])
+    assert flags[(64, 10)] == {(0, 1)}

@@ -38,10 +38,11 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     # One layer's forward pass on one PE of its region, for every sample (pipe.s).
     "pfwd": (("t", "word"), ("k", "word"), ("o", "word"), ("xbase", "word"), ("ybase", "word"),
              ("first", "word"), ("last", "word"), ("bias", "word"), ("relu", "word"), ("send", "word"),
-             ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("xw", DSD), ("cin", DSD),
+             ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("cin", DSD),
              ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD)),
     # The forward pass with activation sparsity harvesting (pipe.s, docs/layer_pipelined.md
-    # section 6a): pfwd's fields, then `sin` (the inputs arrive as (index, value) pairs
+    # section 6a): pfwd's fields and `xw` (the inputs from the second on), then `sin`
+    # (the inputs arrive as (index, value) pairs
     # ending with index -1: only the nonzero ones), `sout` (send only the nonzero outputs
     # so), `layer`, `lin`, `lout` (the layer and the first input and output feature of
     # the PE's blocks: the static cycle model's key to the activation pattern), `wbase`
@@ -58,13 +59,14 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     # (from the host at the last layer, else from the next region's input-gradient
     # chain, through the ReLU mask) at the chain end, multicast back along the
     # output line; the input-gradient partials reduced along the input line; the
-    # weight gradient accumulated in place.
+    # weight gradient accumulated in place; `xmask`: the previous layer's ReLU mask
+    # applied by the input line's near end (into the scratch `xmk`) rather than at the chain end.
     "pbwd": (("t", "word"), ("k", "word"), ("o", "word"), ("xbase", "word"), ("ybase", "word"),
              ("dxbase", "word"), ("zero", "word"), ("end", "word"), ("host", "word"), ("mask", "word"), ("bias", "word"),
-             ("mcast", "word"), ("dx", "word"), ("dxfirst", "word"),
+             ("mcast", "word"), ("dx", "word"), ("dxfirst", "word"), ("xmask", "word"),
              ("g", DSD), ("zg", DSD), ("db", DSD), ("zo", DSD), ("dz", DSD), ("ys", DSD), ("dyin", DSD),
              ("mk", DSD), ("dzout", DSD), ("dzin", DSD), ("wrow", DSD), ("dxv", DSD), ("bin", DSD),
-             ("bout", DSD), ("xg", DSD)),
+             ("bout", DSD), ("xg", DSD), ("xmk", DSD)),
     # The optimizer on one PE's tile and bias at the end of a batch (pipe.s):
     # SGD with weight decay, momentum (dampening) and Nesterov, in torch.optim.SGD's order.
     "pupd": (("params", "word"), ("wd", "word"), ("mom", "word"), ("first", "word"), ("nest", "word"),

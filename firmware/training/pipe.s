@@ -18,6 +18,7 @@ phase_ops: .word 0              ; op list of the phase to run (written by the ho
 f_zero:   .word 0               ; +0.0: a stride-0 memory descriptor on it is a zero vector
 f_big:    .word 0xff000000      ; -2^127 (the ReLU mask)
 f_mone:   .word 0xbf800000      ; -1.0
+f_one:    .word 0x3f800000      ; 1.0
 
         .text
 run:
@@ -53,70 +54,115 @@ bad_kind:
 ; values from the region's input multicast into the sample's slot of the
 ; input store, forms the partial sums
 ;   P[o] = mul(Wt[0][o], x[0]);  P[o] = add(P[o], mul(Wt[k][o], x[k])), k = 1 .. K-1
+; (at a chain end with a bias P[o] = add(b[o], mul(Wt[0][o], x[0])) first)
 ; and passes them along the region's reduction chain: the first PE sends P,
-; the others send add(in, P). The last PE of the chain keeps add(in, P) in
-; the sample's slot of the output store, adds the bias, applies the ReLU and
-; sends the result on to the next layer's region (all by record flags).
-;   r3 samples left, r4 K, r5 O, r8 input slot, r9 output slot
+; the others send add(in, P). The last PE of the chain forms P in the sample's
+; slot of the output store and y = add(in, P) there, then sends max(y, +0)
+; on to the next layer's region (the ReLU applied on the way out: the output
+; store keeps y) or, at the last layer, keeps max(y, +0) (all by record flags).
+; The descriptors stay in registers for the whole record and each role has a
+; loop of its own, so a sample costs its vector instructions and a few cycles;
+; a PE takes the next sample's inputs before its chain operation waits on the
+; PE before it, so the chain's latency does not hold up the input multicasts.
+;   r1 1, r3 samples left, r4 K, r5 O, r8 input slot, r13 K - 1
+;   d0 inputs (fabric), d1 input slot (x[0..], then x[1..]), d3 Wt[0], d4 Wt[1..],
+;   d6 chain in; inside a chain d2 P, d7 chain out; at its end d2 the output slot,
+;   d5 the bias, d7 the next region's inputs
 pfwd:
         ld      r3, PF_T(r15)
         ld      r4, PF_K(r15)
         ld      r5, PF_O(r15)
         ld      r8, PF_XBASE(r15)
-        ld      r9, PF_YBASE(r15)
-pf_sample:
-        ldsd    d0, PF_XIN(r15)         ; the sample's K inputs from the fabric
+        li      r1, 1
+        addi    r13, r4, -1
+        ldsd    d0, PF_XIN(r15)
         ldsd    d1, PF_XS(r15)
         setb    d1, r8
-        fmov    d1, d0                  ; ... into the input store
-        ld      r7, 0(r8)
-        ldsd    d2, PF_ACC(r15)
+        fmov    d1, d0                  ; the first sample's K inputs into its slot
         ldsd    d3, PF_W0(r15)
-        fmuls   d2, d3, r7              ; P = Wt[0] * x[0]
         ldsd    d4, PF_W1(r15)
-        ldsd    d5, PF_XW(r15)
-        addi    r10, r8, 1
-        setb    d5, r10
-        fmacw   d2, d4, d5              ; P += Wt[k] * x[k], k = 1 .. K-1
-        ld      r6, PF_FIRST(r15)
         ldsd    d6, PF_CIN(r15)
         ld      r10, PF_LAST(r15)
-        bne     r10, r0, pf_last
+        bne     r10, r0, pf_end
+        ldsd    d2, PF_ACC(r15)
         ldsd    d7, PF_COUT(r15)
-        beq     r6, r0, pf_pass
-        fmov    d7, d2                  ; first of the chain: send P
-        jmp     pf_next
-pf_pass:
-        fadd    d7, d6, d2              ; send in + P
-        jmp     pf_next
-pf_last:
-        ldsd    d7, PF_YS(r15)
-        setb    d7, r9
-        beq     r6, r0, pf_lpass
-        fmov    d7, d2                  ; a chain of one PE: y = P
-        jmp     pf_bias
-pf_lpass:
-        fadd    d7, d6, d2              ; y = in + P
-pf_bias:
-        ld      r10, PF_BIAS(r15)
-        beq     r10, r0, pf_relu
-        ldsd    d6, PF_B(r15)
-        fadd    d7, d7, d6              ; y = y + b
-pf_relu:
-        ld      r10, PF_RELU(r15)
-        beq     r10, r0, pf_send
-        fmaxs   d7, d7, r0              ; y = max(y, +0)
-pf_send:
-        ld      r10, PF_SEND(r15)
-        beq     r10, r0, pf_stored
-        ldsd    d6, PF_XOUT(r15)
-        fmov    d6, d7                  ; on to the next layer's region
-pf_stored:
-        add     r9, r9, r5
-pf_next:
+        ld      r10, PF_FIRST(r15)
+        bne     r10, r0, pf_head
+pf_mid:                                 ; inside a chain: send in + P
+        ld      r7, 0(r8)
+        addb    d1, r1
+        fmuls   d2, d3, r7              ; P = Wt[0] * x[0]
+        fmacw   d2, d4, d1              ; P += Wt[k] * x[k], k = 1 .. K-1
+        addb    d1, r13                 ; the next sample's slot
         add     r8, r8, r4
         addi    r3, r3, -1
-        bne     r3, r0, pf_sample
+        beq     r3, r0, pf_mlast
+        fmov    d1, d0                  ; the next sample's inputs, before the chain waits
+        fadd    d7, d6, d2              ; send in + P
+        jmp     pf_mid
+pf_mlast:
+        fadd    d7, d6, d2
+        jmp     op_done
+pf_head:                                ; the first PE of a chain: send P
+        ld      r7, 0(r8)
+        addb    d1, r1
+        fmuls   d2, d3, r7
+        fmacw   d2, d4, d1
+        addb    d1, r13
+        add     r8, r8, r4
+        addi    r3, r3, -1
+        beq     r3, r0, pf_hlast
+        fmov    d1, d0
+        fmov    d7, d2                  ; send P
+        jmp     pf_head
+pf_hlast:
+        fmov    d7, d2
+        jmp     op_done
+pf_end:                                 ; the chain's end: y in the output store
+        ld      r9, PF_YBASE(r15)
+        ldsd    d2, PF_YS(r15)
+        setb    d2, r9
+        ldsd    d5, PF_B(r15)
+        ldsd    d7, PF_XOUT(r15)
+        ld      r11, PF_BIAS(r15)
+        ld      r12, PF_FIRST(r15)
+        ld      r14, PF_RELU(r15)
+        ld      r10, PF_SEND(r15)
+        add     r14, r14, r14
+        add     r14, r14, r10           ; 2 relu + send
+        li      r2, 3
+pf_eloop:
+        ld      r7, 0(r8)
+        addb    d1, r1
+        bne     r11, r0, pf_ebias
+        fmuls   d2, d3, r7              ; P = Wt[0] * x[0]
+        jmp     pf_emac
+pf_ebias:
+        fmacs   d2, d5, d3, r7          ; P = b + Wt[0] * x[0]
+pf_emac:
+        fmacw   d2, d4, d1              ; P += Wt[k] * x[k], k = 1 .. K-1
+        addb    d1, r13
+        add     r8, r8, r4
+        addi    r3, r3, -1
+        beq     r3, r0, pf_echain
+        fmov    d1, d0                  ; the next sample's inputs, before the chain waits
+pf_echain:
+        bne     r12, r0, pf_eout        ; a chain of one PE: y = P
+        fadd    d2, d6, d2              ; y = in + P
+pf_eout:
+        beq     r14, r0, pf_enext       ; the last layer: keep y
+        bne     r14, r2, pf_eone
+        fmaxs   d7, d2, r0              ; send max(y, +0) on to the next region
+        jmp     pf_enext
+pf_eone:
+        bne     r14, r1, pf_erelu
+        fmov    d7, d2                  ; send y on (no ReLU)
+        jmp     pf_enext
+pf_erelu:
+        fmaxs   d2, d2, r0              ; the last layer's ReLU: keep max(y, +0)
+pf_enext:
+        addb    d2, r5                  ; the next sample's output slot
+        bne     r3, r0, pf_eloop
         jmp     op_done
 
 ; ---------------------------------------------------------------------------
@@ -125,8 +171,8 @@ pf_next:
 ; output line) takes the sample's delta dy: written by the host into the
 ; output store at the last layer, else from the next region's input-gradient
 ; chain, multiplied by the ReLU mask of the output it kept,
-;   mk = max(mul(ys, -2^127), -1);  dz = mul(mul(dy, mk), -1)
-; (dy where ys > 0, a zero where ys == +0); adds dz into the bias gradient
+;   mk = max(mul(max(ys, +0), -2^127), -1);  dz = mul(mul(dy, mk), -1)
+; (dy where y > 0, a zero where y <= 0: the store keeps y, before the ReLU); adds dz into the bias gradient
 ;   db = add(db, dz)
 ; and multicasts dz back along the output line; the other PEs take it from
 ; there. Every PE with an input gradient to send (not layer 0) forms its
@@ -134,7 +180,10 @@ pf_next:
 ;   D[k] = +0;  D[k] = add(D[k], mul(Wt[k][o], dz[o])), o = 0 .. O-1
 ; and passes them along its input line towards the previous region: the PE
 ; at the far end sends D, the others add(in, D), the last hop lands at the
-; previous region's chain end. Then every PE accumulates its weight gradient
+; previous region's chain end. With `xmask` the line's near end applies the
+; previous layer's ReLU mask to what it sends, from its own inputs x (that
+; layer's ReLU outputs): mul(mul(t, max(mul(x, -2^127), -1)), -1), the same
+; bits the chain end would form (which then takes dy as dz, `mask` clear). Then every PE accumulates its weight gradient
 ;   G[k][o] = add(G[k][o], mul(dz[o], x[k]))
 ; G and db start at +0 with the first pass of a batch (record flag `zero`)
 ; and accumulate over its later passes.
@@ -172,8 +221,9 @@ pb_fab:
         ldsd    d2, PB_MK(r15)
         ldsd    d3, PB_YS(r15)
         setb    d3, r9
+        fmaxs   d2, d3, r0              ; mk = max(ys, +0): the ReLU's output (pfwd keeps y)
         ld      r11, f_big(r0)
-        fmuls   d2, d3, r11             ; mk = ys * -2^127
+        fmuls   d2, d2, r11             ; mk = mk * -2^127
         ld      r11, f_mone(r0)
         fmaxs   d2, d2, r11             ; mk = max(mk, -1)
         fmul    d0, d1, d2              ; dz = dy * mk
@@ -201,23 +251,54 @@ pb_got:
         ldsd    d1, PB_WROW(r15)
         ld      r12, PB_DXBASE(r15)
         add     r13, r4, r0
-pb_dot:
+        andi    r10, r13, 1
+        beq     r10, r0, pb_dot2        ; an even number of inputs: pairs only
         add     r7, r0, r0
-        dot     r7, d1, d0              ; D[k] = +0 + Wt[k][0] * dz[0] + ...
+        dot     r7, d1, d0              ; D[0] = +0 + Wt[0][0] * dz[0] + ...
         st      r7, 0(r12)
         addb    d1, r5                  ; the next input's weights
         addi    r12, r12, 1
         addi    r13, r13, -1
-        bne     r13, r0, pb_dot
+        beq     r13, r0, pb_dotted
+pb_dot2:                                ; two inputs a round
+        add     r7, r0, r0
+        dot     r7, d1, d0              ; D[k] = +0 + Wt[k][0] * dz[0] + ...
+        st      r7, 0(r12)
+        addb    d1, r5
+        add     r7, r0, r0
+        dot     r7, d1, d0              ; D[k+1]
+        st      r7, 1(r12)
+        addb    d1, r5
+        addi    r12, r12, 2
+        addi    r13, r13, -2
+        bne     r13, r0, pb_dot2
+pb_dotted:
         ldsd    d1, PB_DXV(r15)
         ldsd    d2, PB_BOUT(r15)
         ld      r10, PB_DXFIRST(r15)
+        ld      r11, PB_XMASK(r15)
+        bne     r11, r0, pb_xmask
         beq     r10, r0, pb_dxpass
         fmov    d2, d1                  ; the far end of the input line: send D
         jmp     pb_wgrad
 pb_dxpass:
         ldsd    d3, PB_BIN(r15)
         fadd    d2, d3, d1              ; send in + D
+        jmp     pb_wgrad
+pb_xmask:                               ; the line's near end: the previous layer's ReLU mask on the way out
+        bne     r10, r0, pb_xmk
+        ldsd    d3, PB_BIN(r15)
+        fadd    d1, d3, d1              ; D = in + D
+pb_xmk:
+        ldsd    d3, PB_XMK(r15)
+        ldsd    d4, PB_XG(r15)
+        setb    d4, r8                  ; the sample's inputs: the previous layer's ReLU outputs
+        ld      r11, f_big(r0)
+        fmuls   d3, d4, r11             ; mk = x * -2^127
+        ld      r11, f_mone(r0)
+        fmaxs   d3, d3, r11             ; mk = max(mk, -1)
+        fmul    d1, d1, d3              ; D = D * mk
+        fmuls   d2, d1, r11             ; send D * -1: the previous layer's dz
 pb_wgrad:
         ldsd    d1, PB_G(r15)
         ldsd    d2, PB_XG(r15)
@@ -281,7 +362,8 @@ pu_step:
 ; psfwd: pfwd with activation sparsity harvesting (docs/layer_pipelined.md,
 ; section 6a). With `sin`, the sample's inputs arrive as (index, value)
 ; pairs, only the nonzero ones, in index order, ending with the index -1:
-; the PE clears the sample's input slot and its partial sums to +0 and, per
+; the PE clears the sample's input slot and its partial sums to +0 (at a
+; chain end with a bias: to b, as pfwd starts them there) and, per
 ; pair, stores the value at its index and adds its products,
 ;   P[o] = add(P[o], mul(Wt[k][o], x[k]))   (fmacs: two roundings)
 ; so the zeros cost neither wavelets nor multiply-adds. With `sout`, a chain
@@ -305,7 +387,14 @@ ps_sample:
         ld      r7, 0(r8)
         ldsd    d2, PS_ACC(r15)
         ldsd    d3, PS_W0(r15)
+        ld      r10, PS_BIAS(r15)
+        bne     r10, r0, ps_dbias
         fmuls   d2, d3, r7
+        jmp     ps_dmac
+ps_dbias:
+        ldsd    d6, PS_B(r15)
+        fmacs   d2, d6, d3, r7          ; a chain end with a bias: P = b + Wt[0] * x[0]
+ps_dmac:
         ldsd    d4, PS_W1(r15)
         ldsd    d5, PS_XW(r15)
         addi    r10, r8, 1
@@ -319,7 +408,15 @@ ps_sparse:
         fmov    d1, d0                  ; the input slot = +0
         ldsd    d2, PS_ACC(r15)
         ldsd    d0, PS_ZO(r15)
+        ld      r10, PS_BIAS(r15)
+        beq     r10, r0, ps_szero
+        ldsd    d0, PS_B(r15)
+        ld      r11, f_one(r0)
+        fmuls   d2, d0, r11             ; a chain end with a bias: P = mul(b, 1) (b flushed)
+        jmp     ps_sset
+ps_szero:
         fmov    d2, d0                  ; P = +0
+ps_sset:
         ldsd    d0, PS_PAIR(r15)
         ldsd    d6, PS_PIN(r15)
         ldsd    d3, PS_W0(r15)
@@ -354,14 +451,9 @@ ps_last:
         setb    d7, r9
         beq     r6, r0, ps_lpass
         fmov    d7, d2                  ; a chain of one PE: y = P
-        jmp     ps_bias
+        jmp     ps_relu
 ps_lpass:
         fadd    d7, d6, d2              ; y = in + P
-ps_bias:
-        ld      r10, PS_BIAS(r15)
-        beq     r10, r0, ps_relu
-        ldsd    d6, PS_B(r15)
-        fadd    d7, d7, d6              ; y = y + b
 ps_relu:
         ld      r10, PS_RELU(r15)
         beq     r10, r0, ps_send

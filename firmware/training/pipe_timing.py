@@ -27,20 +27,49 @@ _OP_DONE = 4                         # ld 2, add, jmp
 
 def _pfwd(ops: OpRows, f: dict) -> None:
     T, K, O = f["t"], f["k"], f["o"]
-    c_x, c_next = _color(f["xin"]), _color(f["xout"])
-    n_w = max(O, (K - 1) * O) if K > 1 and O else 0
-    ops.busy(10)                                          # 5 ld
-    for _ in range(T):
-        ops.busy(5)                                       # 2 ldsd, setb
-        ops.vec(K, in1=c_x)                               # fmov: the inputs into memory
-        ops.busy(6 + O + 1 + 6 + n_w + 1 + 7)             # ld, 2 ldsd; fmuls; 2 ldsd, addi, setb; fmacw; ld, ldsd, ld, bne
-        _chain(ops, f, lambda: (ops.busy(2), ops.vec(O, out=c_next)))      # ldsd; fmov on
-        ops.busy(3)                                       # add, addi, bne
+    c_x, c_in = _color(f["xin"]), _color(f["cin"])
+    n_w = max(O, (K - 1) * O) if K > 1 and O else 0      # fmacw's elements
+    ops.busy(8 + 2 + 5)                                   # 4 ld; li, addi; 2 ldsd, setb
+    ops.vec(K, in1=c_x)                                   # fmov: the first sample's inputs
+    ops.busy(6 + 3)                                       # 3 ldsd; ld, bne
+    if not f["last"]:
+        ops.busy(7)                                       # 2 ldsd, ld, bne
+        c_out = _color(f["cout"])
+        for s in range(T):
+            ops.busy(3 + O + 1 + n_w + 1 + 4)             # ld, addb; fmuls; fmacw; addb, add, addi, beq
+            if s < T - 1:
+                ops.vec(K, in1=c_x)                       # fmov: the next sample's inputs
+            ops.vec(O, out=c_out) if f["first"] else ops.vec(O, in1=c_in, out=c_out)
+            ops.busy(1)                                   # jmp
+        return
+    c_next = _color(f["xout"])
+    code = 2 * f["relu"] + f["send"]
+    ops.busy(20)                                          # ld, ldsd, setb, 2 ldsd, 4 ld, add, add, li
+    for s in range(T):
+        ops.busy(3 + 1 + O + 1 + (0 if f["bias"] else 1) + n_w + 1 + 4)   # ld, addb; bne; fmacs | fmuls,
+        #                                                   jmp; fmacw; addb, add, addi, beq
+        if s < T - 1:
+            ops.vec(K, in1=c_x)                           # fmov: the next sample's inputs
+        ops.busy(1)                                       # bne on first
+        if not f["first"]:
+            ops.vec(O, in1=c_in)                          # fadd: y = in + P
+        ops.busy(1)                                       # beq on the output code
+        if code == 3:
+            ops.busy(1)                                   # bne
+            ops.vec(O, out=c_next)                        # fmaxs: max(y, +0) on to the next region
+            ops.busy(1)                                   # jmp
+        elif code == 1:
+            ops.busy(2)                                   # 2 bne
+            ops.vec(O, out=c_next)                        # fmov: y on
+            ops.busy(1)                                   # jmp
+        elif code == 2:
+            ops.busy(2 + O + 1)                           # 2 bne; fmaxs in place
+        ops.busy(2)                                       # addb, bne
     ops.busy(1)                                           # jmp op_done
 
 
 def _chain(ops: OpRows, f: dict, send) -> None:
-    """The reduction chain of one sample (pfwd and psfwd alike), from ``bne`` on
+    """psfwd's reduction chain of one sample, from ``bne`` on
     ``last`` to the output slot's ``add``; ``send()`` adds the send to the next region."""
     O, c_in, c_out = f["o"], _color(f["cin"]), _color(f["cout"])
     if not f["last"]:
@@ -53,7 +82,6 @@ def _chain(ops: OpRows, f: dict, send) -> None:
         ops.busy(O + 1 + 1)                               # fmov (memory), jmp
     else:
         ops.vec(O, in1=c_in)                              # fadd into the output store
-    ops.busy(3 + (2 + O + 1 if f["bias"] else 0))         # ld, beq; ldsd, fadd
     ops.busy(3 + (O + 1 if f["relu"] else 0))             # ld, beq; fmaxs
     ops.busy(3)                                           # ld, beq
     if f["send"]:
@@ -75,7 +103,8 @@ def _psfwd(ops: OpRows, f: dict, pattern) -> None:
     for s in range(T):
         ops.busy(3)                                       # ld, bne
         if f["sin"]:
-            ops.busy(5 + K + 1 + 4 + O + 1 + 8 + 2)       # 2 ldsd, setb; fmov; 2 ldsd; fmov; 3 ldsd, 2 ld
+            ops.busy(5 + K + 1 + 7 + (5 if f["bias"] else 0) + O + 1 + 10)   # 2 ldsd, setb; fmov; 2 ldsd,
+            #                         ld, beq; fmov | ldsd, ld, fmuls, jmp; 3 ldsd, 2 ld
             for _ in range(int(taken[s])):
                 ops.vec(2, in1=c_pin)                     # fmov: a pair
                 ops.busy(2 + 1 + 2 + 2 + 3 + O + 1 + 1)   # ld, blt; ld, add, st; mul, add, setb; fmacs; jmp
@@ -84,7 +113,8 @@ def _psfwd(ops: OpRows, f: dict, pattern) -> None:
         else:
             ops.busy(5)                                   # 2 ldsd, setb
             ops.vec(K, in1=c_x)
-            ops.busy(6 + O + 1 + 6 + n_w + 1 + 1)         # as pfwd; jmp ps_chain
+            ops.busy(9 + (2 if f["bias"] else 1) + O + 1 + 6 + n_w + 1 + 1)   # ld, 2 ldsd, ld, bne;
+            #                                  ldsd, fmacs | fmuls, jmp; 2 ldsd, addi, setb; fmacw; jmp ps_chain
         ops.busy(7)                                       # ld, ldsd, ld, bne
         _chain(ops, f, lambda: _harvest_send(ops, f, sent[s] if sent is not None else None))
         ops.busy(3)                                       # add, addi, bne
@@ -129,7 +159,7 @@ def _pbwd(ops: OpRows, f: dict) -> None:
             else:
                 ops.busy(2 + 3)                           # ldsd, ld, beq
                 if f["mask"]:
-                    ops.busy(5 + 2 + O + 1 + 2 + O + 1)   # 2 ldsd, setb, ld, fmuls, ld, fmaxs
+                    ops.busy(5 + 3 * (O + 1) + 4)         # 2 ldsd, setb, fmaxs, ld, fmuls, ld, fmaxs
                     ops.vec(O, in1=c_dy)                  # fmul from the fabric
                     ops.busy(O + 1 + 1)                   # fmuls, jmp
                 else:
@@ -145,13 +175,23 @@ def _pbwd(ops: OpRows, f: dict) -> None:
             ops.vec(O, in1=c_zi)
         ops.busy(3)                                       # ld, beq
         if f["dx"]:
-            ops.busy(5 + K * (O + 7) + 7)                 # ldsd, ld, add; K x (add, dot, st, addb, 2 addi, bne); 2 ldsd, ld, beq
-            if f["dxfirst"]:
+            ops.busy(7 + (O + 7 if K % 2 else 0))         # ldsd, ld, add, andi, beq; the odd input
+            ops.busy(K // 2 * (2 * O + 11) + 9)           # pairs of (add, dot, st, addb), 2 addi, bne; 2 ldsd, 2 ld, bne
+            if f["xmask"]:
+                ops.busy(1)                               # bne on dxfirst
+                if not f["dxfirst"]:
+                    ops.busy(2)                           # ldsd
+                    ops.vec(K, in1=c_bi)                  # fadd: in + D
+                ops.busy(5 + 2 + K + 1 + 2 + K + 1 + K + 1)    # 2 ldsd, setb; ld, fmuls; ld, fmaxs; fmul
+                ops.vec(K, out=c_bo)                      # fmuls: masked, on
+            elif f["dxfirst"]:
+                ops.busy(1)                               # beq
                 ops.vec(K, out=c_bo)
                 ops.busy(1)                               # jmp
             else:
-                ops.busy(2)                               # ldsd
+                ops.busy(3)                               # beq, ldsd
                 ops.vec(K, in1=c_bi, out=c_bo)
+                ops.busy(1)                               # jmp
         ops.busy(5 + K * O + 1 + 4)                       # 2 ldsd, setb; fmacw; add, add, addi, bne
     ops.busy(1)                                           # jmp op_done
 

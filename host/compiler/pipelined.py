@@ -360,5 +360,7 @@ def _forward_records(records: list, layers, regions, mem, batch: int, zero: int,
                               wbase=a["w"][0], pbase=pair, zk=pipe.dsd_mem(zero, k, 0), zo=pipe.dsd_mem(zero, o, 0),
                               pair=pipe.dsd_mem(pair, 2), pin=pipe.dsd_fabin(INPUT_COLORS[l % 2], 2),
                               pout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], 2))
+            else:
+                del fields["xw"]
             records[y][x].append(pipe.encode("psfwd" if sin or sout else "pfwd", fields))
     return records

@@ -24,7 +24,7 @@ from wse.firmware.kernels.common import chain_routes, multicast_routes
 from wse.firmware.training import pipe
 
 __all__ = ["DELTA_COLOR", "BACK_CHAIN_COLORS", "TRAIN_COLORS_USED", "check_optimizer", "train_memory",
-           "backward_routes", "backward_records", "update_records"]
+           "backward_routes", "backward_records", "mask_at_sender", "update_records"]
 
 #: The color of the deltas' multicast back along an output line.
 DELTA_COLOR = 4
@@ -59,7 +59,7 @@ def train_memory(mem, tile: int, k_max: int, o_max: int, optimizer) -> None:
     if momentum:
         mem.take("mb", o_max, "the bias momentum")
     mem.take("dz", o_max, "the delta")
-    mem.take("mk", o_max, "the mask")
+    mem.take("mk", max(o_max, k_max), "the mask")
     mem.take("dx", k_max, "the input-gradient partials")
 
 
@@ -86,6 +86,17 @@ def backward_routes(regions, along) -> list:
     return routes
 
 
+def mask_at_sender(layers, regions, l: int) -> bool:
+    """Whether layer ``l - 1``'s ReLU mask is applied by layer ``l``'s input lines as
+    they send the input gradient (their near ends, ``xmask``) rather than by layer
+    ``l - 1``'s chain ends as they take it: where layer ``l``'s backward work per PE
+    (twice its tile) is below layer ``l - 1``'s (its tile, twice but in layer 0),
+    so the mask's vector instructions go to the less loaded region."""
+    if l == 0 or not layers[l - 1].relu:
+        return False
+    return 2 * regions[l].tile < (2 if l > 1 else 1) * regions[l - 1].tile
+
+
 def backward_records(config, layers, regions, mem, batch: int, zero: int, first: bool) -> list:
     """``[H][W]`` lists of the backward phase's records (``first``: the batch's
     first pass, which starts the gradients at +0; later passes accumulate)."""
@@ -107,9 +118,10 @@ def backward_records(config, layers, regions, mem, batch: int, zero: int, first:
             m = region.n_out - 1 - p        # position on the input-gradient chain
             records[y][x].append(pipe.encode("pbwd", dict(
                 t=batch, k=k, o=o, xbase=a["xs"][0], ybase=a["ys"][0], dxbase=a["dx"][0], zero=int(first), end=int(end),
-                host=int(end and l == last_layer), mask=int(end and l < last_layer and layer.relu),
+                host=int(end and l == last_layer),
+                mask=int(end and l < last_layer and layer.relu and not mask_at_sender(layers, regions, l + 1)),
                 bias=int(end and layer.bias is not None), mcast=int(end and region.n_in > 1), dx=int(l > 0),
-                dxfirst=int(m == 0),
+                dxfirst=int(m == 0), xmask=int(p == 0 and mask_at_sender(layers, regions, l)),
                 g=pipe.dsd_mem(a["g"][0], k * o), zg=pipe.dsd_mem(zero, k * o, 0), db=pipe.dsd_mem(a["db"][0], o),
                 zo=pipe.dsd_mem(zero, o, 0), dz=pipe.dsd_mem(a["dz"][0], o), ys=pipe.dsd_mem(0, o), dyin=dyin,
                 mk=pipe.dsd_mem(a["mk"][0], o), dzout=pipe.dsd_fabout(DELTA_COLOR, o),
@@ -117,7 +129,7 @@ def backward_records(config, layers, regions, mem, batch: int, zero: int, first:
                 dxv=pipe.dsd_mem(a["dx"][0], k),
                 bin=pipe.dsd_fabin(colors[m % 2], k) if l else nothing,
                 bout=pipe.dsd_fabout(colors[(m + 1) % 2], k) if l else nothing,
-                xg=pipe.dsd_mem(0, k))))
+                xg=pipe.dsd_mem(0, k), xmk=pipe.dsd_mem(a["mk"][0], k))))
     return records
 
 

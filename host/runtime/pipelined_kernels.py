@@ -8,9 +8,10 @@ CPU makes them (the callers make every NaN of a result canonical). The
 orders (``docs/layer_pipelined.md`` section 4):
 
 * :func:`forward`: per output ``o`` and sample, per input line ``q`` with input
-  block ``k_0, k_1, ...``: ``P_q = mul(W[o, k_0], x[k_0])``, then
+  block ``k_0, k_1, ...``: ``P_q = mul(W[o, k_0], x[k_0])`` (on the last line
+  ``q = n-1``, with a bias, ``P_q = add(b[o], mul(W[o, k_0], x[k_0]))``), then
   ``P_q = add(P_q, mul(W[o, k], x[k]))``; ``y = P_0``, ``y = add(y, P_q)`` for
-  ``q = 1 ..``; ``y = add(y, b[o])``; the ReLU ``max(y, +0)`` (``+0`` beats ``-0``).
+  ``q = 1 ..``; the ReLU ``max(y, +0)`` (``+0`` beats ``-0``).
 * :func:`weight_gradients`: ``dW[o, k] = add(dW[o, k], mul(dz[s][o], x[s][k]))``
   and ``db[o] = add(db[o], dz[s][o])`` over the samples ``s`` in order.
 * :func:`input_gradient`: per output line ``p``, ``D_p[k] = +0``, then
@@ -46,18 +47,21 @@ def _forward_k(wt, x, bias, has_bias, relu, in_lo, in_hi, out, sparse):
     n_out = wt.shape[1]
     part = np.empty((samples, n_out), dtype=np.float32)
     xbits = x.view(np.uint32)
-    for q in range(in_lo.shape[0]):
+    lines = in_lo.shape[0]
+    for q in range(lines):
         k0 = in_lo[q]
+        start = has_bias and q == lines - 1          # the chain end's partial sums start at the bias
         for s in range(samples):
             xv = x[s, k0]
             row, acc = wt[k0], part[s]
             for o in range(n_out):
+                first = np.float32(0.0) if not start else bias[o]
                 if not sparse:
-                    acc[o] = _fl(row[o] * xv)
+                    acc[o] = _fl(first + _fl(row[o] * xv)) if start else _fl(row[o] * xv)
                 elif xbits[s, k0] != 0:
-                    acc[o] = _fl(np.float32(0.0) + _fl(row[o] * xv))
+                    acc[o] = _fl(first + _fl(row[o] * xv))
                 else:
-                    acc[o] = np.float32(0.0)
+                    acc[o] = first
         for k in range(k0 + 1, in_hi[q]):
             row = wt[k]
             for s in range(samples):
@@ -75,12 +79,9 @@ def _forward_k(wt, x, bias, has_bias, relu, in_lo, in_hi, out, sparse):
             else:
                 for o in range(n_out):
                     y[o] = _fl(y[o] + acc[o])
-    for s in range(samples):
-        y = out[s]
-        if has_bias:
-            for o in range(n_out):
-                y[o] = _fl(y[o] + bias[o])
-        if relu:
+    if relu:
+        for s in range(samples):
+            y = out[s]
             for o in range(n_out):
                 v = y[o]
                 y[o] = v if (v > _ZERO or v != v) else _ZERO
