@@ -15,7 +15,18 @@ lines:
   all: carriage returns and the partial-sum ring only);
 * ``imbalance``: non-zeros of the most loaded mesh row over the mean, for a
   power-law mask (features dealt sorted, serpentine round robin) and for a
-  plain block deal of the same mask (target: at most 1.05).
+  plain block deal of the same mask (target: at most 1.05);
+* ``training step`` (``--step``, default on): one training step of sparse
+  weight streaming as ``wse train --sparsity`` compiles it (``train.s``'s
+  ``spgemm`` and ``spwgrad`` records), cycles per group of phases (forward,
+  backward-data, backward-weight, loss) and in total, with the ratio to the
+  dense step: FC-MNIST (784-256-256-10, batch 64, the hidden layers masked
+  by magnitude, the classifier dense) and the large layer (``Linear(IN,
+  OUT)`` between two small ones, its three phases), at each sparsity (0: the
+  sparse path with every weight kept); ``total`` runs every masked phase
+  sparse, ``chosen_total`` is what ``wse train`` runs (each phase sparse or
+  dense, whichever the cycle model counts fewer for: ``dense_phases``), and
+  the picture plots the latter.
 
 and writes a PNG of speedup against sparsity (``--png``). The PEs get
 ``sram_words=16384`` so that the dense model (its activations, transposes
@@ -39,6 +50,47 @@ from wse.firmware.kernels.spgemm_timing import timing_ops
 from wse.host.compiler import cycles as cycle_model
 
 SPARSITIES = (0.0, 0.5, 0.75, 0.9, 0.95, 0.99)
+GROUPS = ("forward", "backward-data", "backward-weight", "loss")
+
+
+def step_cycles(exe, phases=None) -> dict:
+    """Cycles of a training step's phases (``phases``: only these) by group, ``backward`` and ``total``."""
+    names = [n for n in exe.sequences["train"] if phases is None or n in phases]
+    out = {g: sum(exe.phases[n].cycles for n in names if exe.phases[n].group == g) for g in GROUPS}
+    out["backward"] = out["backward-data"] + out["backward-weight"]
+    out["total"] = sum(exe.phases[n].cycles for n in names)
+    out["phases"] = {n: exe.phases[n].cycles for n in names}
+    return out
+
+
+def training_rows(name: str, model, example, cfg: FabricConfig, batch: int, masked: list, sparsities,
+                  phases=None):
+    """JSON rows of a training step's cycles, dense and at each sparsity (masks by magnitude on ``masked``)."""
+    from wse.host.compiler.sparse import compile_sparse, layer_masks
+
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items() if k in masked}
+    start = time.perf_counter()
+    dense = step_cycles(compile_sparse(model, example, config=cfg, batch=batch, masks={}, progress=False), phases)
+    base = {"bench": "sparsity", "kind": "training step", "model": name, "mesh": cfg.mesh, "batch": batch}
+    _emit({**base, "sparsity": "dense", **{k: v for k, v in dense.items() if k != "phases"},
+           "seconds": round(time.perf_counter() - start, 1)})
+    rows = []
+    for s in sparsities:
+        start = time.perf_counter()
+        masks = layer_masks(weights, s, "magnitude") if s else {k: np.ones(v.shape, bool) for k, v in weights.items()}
+        exe = compile_sparse(model, example, config=cfg, batch=batch, masks=masks, progress=False, choose=False)
+        got = step_cycles(exe, phases)
+        per_phase = got.pop("phases")
+        # what wse train runs (compile_sparse's choice): each phase sparse or dense, whichever counts fewer
+        chosen = sum(min(c, dense["phases"][n]) for n, c in per_phase.items())
+        _emit({**base, "sparsity": s, **got, "ratio_to_dense": round(got["total"] / dense["total"], 4),
+               "chosen_total": chosen, "chosen_ratio": round(chosen / dense["total"], 4),
+               "dense_phases": sorted(n for n, c in per_phase.items() if c > dense["phases"][n]),
+               "forward_ratio": round(got["forward"] / dense["forward"], 4),
+               "backward_ratio": round(got["backward"] / dense["backward"], 4),
+               "seconds": round(time.perf_counter() - start, 1)})
+        rows.append({"sparsity": s, "speedup": dense["total"] / chosen})
+    return rows
 
 
 def dense_forward_cycles(cfg: FabricConfig, size: int, tokens: int) -> int:
@@ -69,7 +121,7 @@ def _emit(line: dict) -> None:
     print(json.dumps(line), flush=True)
 
 
-def _picture(path: str, rows: list[dict], f: float, title: str) -> None:
+def _picture(path: str, rows: list[dict], f: float, title: str, steps: dict | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -79,7 +131,11 @@ def _picture(path: str, rows: list[dict], f: float, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4.2))
     ax.plot(grid, 1 / (1 - grid), "k--", label="ideal 1/(1-s)")
     ax.plot(grid, 1 / (f + (1 - f) * (1 - grid)), "C1-", label=f"Amdahl, measured overhead f={f:.4f}")
-    ax.plot(s, [r["speedup"] for r in rows], "C0o-", label="spgemm (cycle model = golden)")
+    ax.plot(s, [r["speedup"] for r in rows], "C0o-", label="spgemm forward (cycle model = golden)")
+    for i, (name, points) in enumerate((steps or {}).items()):
+        points = sorted(points, key=lambda r: r["sparsity"])
+        ax.plot([r["sparsity"] for r in points], [r["speedup"] for r in points], f"C{i + 2}s-",
+                label=f"training step, {name}")
     ax.set_yscale("log")
     ax.set_xlabel("sparsity s")
     ax.set_ylabel("speedup over dense weight streaming")
@@ -99,12 +155,22 @@ def main() -> None:
     parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
     parser.add_argument("--png", default="sparsity.png", help="where to write the picture ('' for none)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-step", dest="step", action="store_false",
+                        help="skip the training-step rows (FC-MNIST and the large layer)")
+    parser.add_argument("--no-fc-mnist", dest="fc_mnist", action="store_false",
+                        help="skip FC-MNIST's training-step rows")
+    parser.add_argument("--no-kernel", dest="kernel", action="store_false",
+                        help="skip the library kernel's rows (the forward GEMM alone and the imbalance)")
     args = parser.parse_args()
     width, height = parse_mesh(args.mesh)
     cfg = FabricConfig(width=width, height=height, sram_words=16384)
     size, tokens = args.size, args.tokens_per_pe * width
     layer = {"bench": "sparsity", "layer": f"{size}x{size}", "mesh": cfg.mesh, "tokens": tokens}
 
+    sparsities = [float(v) for v in args.sparsities.split(",")]
+    steps = _training(cfg, size, tokens, sparsities, args.fc_mnist) if args.step else {}
+    if not args.kernel:
+        return
     start = time.perf_counter()
     dense = dense_forward_cycles(cfg, size, tokens)
     _emit({**layer, "kind": "dense", "fwd_cycles": dense, "seconds": round(time.perf_counter() - start, 1)})
@@ -112,7 +178,7 @@ def main() -> None:
     f = empty / dense
     _emit({**layer, "kind": "no non-zeros", "fwd_cycles": empty, "overhead_share_f": round(f, 5)})
     rows = []
-    for s in (float(v) for v in args.sparsities.split(",")):
+    for s in sparsities:
         start = time.perf_counter()
         mask = sparse_mask(size, size, s, np.random.default_rng(args.seed))
         cycles = sparse_cycles(cfg, size, tokens, mask)
@@ -124,8 +190,34 @@ def main() -> None:
     power = sparse_mask(size, size, 0.9, np.random.default_rng(args.seed), "power")
     _emit({**layer, "kind": "imbalance", "mask": "power law, s=0.9", "rows": height,
            **{k: round(v, 4) for k, v in row_imbalance(power.sum(axis=0), height).items()}})
-    if args.png and rows:
-        _picture(args.png, rows, f, f"{size}x{size} streamed layer, {cfg.mesh}, {tokens} tokens")
+    if args.png and (rows or steps):
+        _picture(args.png, rows, f, f"{size}x{size} streamed layer, {cfg.mesh}, {tokens} tokens", steps)
+
+
+def _training(cfg: FabricConfig, size: int, tokens: int, sparsities, fc_mnist: bool = True) -> dict:
+    """The training-step rows: FC-MNIST on ``cfg``'s mesh, then the large layer (``sram_words`` at least
+    32768: the sparse op lists carry a word per output step; no cycle depends on the memory size)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from fc_mnist import FCMNIST
+
+    torch.manual_seed(0)
+    mnist = FabricConfig(width=cfg.width, height=cfg.height)
+    steps = {}
+    if fc_mnist:
+        steps["FC-MNIST"] = training_rows("fc_mnist", FCMNIST(), torch.zeros(64, 784), mnist, 64,
+                                          ["fc1.weight", "fc2.weight"], sparsities)
+    model = torch.nn.Sequential(torch.nn.Linear(16, size), torch.nn.ReLU(), torch.nn.Linear(size, size),
+                                torch.nn.ReLU(), torch.nn.Linear(size, 16))
+    big = cfg.replace(sram_words=max(cfg.sram_words, 32768))   # room for the sparse op lists' step tables
+    steps[f"{size}x{size} layer"] = training_rows(f"layer {size}x{size}", model, torch.zeros(tokens, 16), big,
+                                                 tokens, ["2.weight"], sparsities,
+                                                 phases={"fwd 2", "bwd-data 2", "bwd-weight 2"})
+    return steps
 
 
 if __name__ == "__main__":

@@ -19,11 +19,12 @@ import numpy as np
 
 from wse.firmware.isa import DsdKind
 
-__all__ = ["KINDS", "FIELDS", "PREFIX", "HEADER_WORDS", "DSD", "dsd_mem", "dsd_fabin", "dsd_fabout",
+__all__ = ["KINDS", "FIELDS", "SPARSE_KINDS", "PREFIX", "HEADER_WORDS", "DSD", "dsd_mem", "dsd_fabin", "dsd_fabout",
            "encode", "decode", "record_words", "assembler_defines"]
 
 #: Record kinds and their codes (``0`` ends a list).
-KINDS = {"end": 0, "sgemm": 1, "relu": 2, "transpose": 3, "mask": 4, "wgrad": 5, "softmax": 6}
+KINDS = {"end": 0, "sgemm": 1, "relu": 2, "transpose": 3, "mask": 4, "wgrad": 5, "softmax": 6, "spgemm": 7,
+         "spwgrad": 8}
 
 #: Words of every record's header: ``kind`` then ``length``.
 HEADER_WORDS = 2
@@ -55,13 +56,28 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
                 ("tmem", DSD), ("rout", DSD), ("rin", DSD), ("mem", DSD), ("m", DSD), ("s", DSD),
                 ("inv", DSD), ("tmp", DSD), ("two", DSD), ("zn", DSD), ("fn", DSD), ("rn", DSD),
                 ("onehot", DSD), ("scale", DSD), ("dz", DSD)),
+    # The sparse streamed GEMM of a masked layer (section 13 of docs/weight_streaming.md); followed by
+    # the table steps[n]: per output step, (non-zeros of this row << 2) | ring kind (SPARSE_KINDS).
+    "spgemm": (("t", "word"), ("acc", DSD), ("zero", DSD), ("x", DSD), ("w", DSD), ("out", DSD),
+               ("inp", DSD), ("y", DSD)),
+    # The weight gradients of a masked layer; followed by the table counts[H] (outputs per rotation
+    # step) and, per output in rotation order, the kept weights of this row (read by the cycle model);
+    # ``w`` names the color of the mask's index stream (train.s receives it on C_W).
+    "spwgrad": (("t", "word"), ("h", "word"), ("bias", "word"), ("send_first", "word"), ("own", "word"),
+                ("buf0", "word"), ("buf1", "word"), ("ga", "word"), ("g", DSD), ("gall", DSD), ("zero", DSD),
+                ("x", DSD), ("eout", DSD), ("ein", DSD), ("dyo", DSD), ("rout", DSD), ("rin", DSD),
+                ("mem", DSD), ("w", DSD)),
 }
+
+#: The ring kinds of a sparse step, as the ``steps`` table of an ``spgemm`` record codes them; the
+#: carriage return that ends the step's non-zeros carries ``-(kind + 1)``, and ``-5`` ends the stream.
+SPARSE_KINDS = {"first": 0, "mid": 1, "last": 2, "only": 3}
 
 #: The prefix of each kind's offset constants in ``train.s``.
 PREFIX = {"end": "END", "sgemm": "SG", "relu": "RL", "transpose": "TR", "mask": "MK", "wgrad": "WG",
-          "softmax": "SM"}
+          "softmax": "SM", "spgemm": "SP", "spwgrad": "SW"}
 
-_TABLES = {"wgrad": "counts", "softmax": "counts"}
+_TABLES = {"wgrad": "counts", "softmax": "counts", "spgemm": "steps", "spwgrad": "counts"}
 
 
 def _offsets(kind: str) -> dict[str, int]:

@@ -32,7 +32,7 @@ __all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops"]
 
 
 # Dispatch cost of each kind: ld 2 + beq 1 + (li, beq) per kind tested before it.
-_ORDER = ("sgemm", "wgrad", "relu", "transpose", "mask", "softmax")
+_ORDER = ("sgemm", "wgrad", "relu", "transpose", "mask", "softmax", "spgemm", "spwgrad")
 _DISPATCH = {kind: 3 + 2 * (i + 1) for i, kind in enumerate(_ORDER)}
 _OP_DONE = 4          # ld 2, add, jmp
 
@@ -133,6 +133,49 @@ def _sgemm(ops: OpRows, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
+def _spgemm(ops: OpRows, f: dict, steps: list[int]) -> None:
+    """``spgemm``: per step ``(count << 2) | kind`` of the record's table
+    (:data:`~.records.SPARSE_KINDS`), the non-zeros, the carriage return, the ring operation."""
+    T, w = f["t"], _color(f["w"])
+    c_out, c_in = _color(f["out"]), _color(f["inp"])
+    turn = [(RECV, w, 0, 0, 0, 0), (BUSY, 2, 0, 0, 0, 0), (VEC, T, w, -1, -1, T)]
+    loop = np.array(turn * 4 + [(BUSY, 1, 0, 0, 0, 0)], dtype=np.int64)     # four turns, jmp sp_nz
+    first, mid, last, _ = (rec.SPARSE_KINDS[k] for k in ("first", "mid", "last", "only"))
+    ops.busy(2 + 7 * 2 + 3)                               # ld, 7 ldsd, 3 li
+    for code in steps:
+        n, kind = code >> 2, code & 3
+        ops.recv(w)                                       # an index, or the carriage return
+        if n:
+            ops.busy(2)                                   # blt, setb
+            ops.recv(w)
+            ops.busy(T + 1)                               # fmacs (memory)
+            laps, rest = divmod(n - 1, 4)
+            rows = np.concatenate([np.tile(loop, (laps, 1)), loop[:3 * rest]])
+            if len(rows) and not rest:                    # ends with the jmp: a BUSY row
+                ops.block(rows[:-1])
+                ops.busy(1)
+            else:
+                ops.block(rows)
+            ops.recv(w)                                   # the carriage return
+        ops.busy(1)                                       # blt r1, r0 (taken)
+        branches = {mid: 1, first: 3, last: 3}.get(kind, 2) + (0 if n or kind == mid else 1)
+        ops.busy(branches)
+        if kind == mid:
+            ops.vec(T, in1=c_in, out=c_out)
+        elif kind == first:
+            ops.recv(w)                                   # the bias word
+            ops.vec(T, out=c_out)
+        elif kind == last:
+            ops.vec(T, in1=c_in)
+            ops.busy(1)                                   # addb
+        else:                                             # only: the bias word, fadds to memory, addb
+            ops.recv(w)
+            ops.busy(T + 1 + 1)
+        ops.busy(1)                                       # jmp sp_step
+    ops.recv(w)                                           # the end of the stream
+    ops.busy(1 + 2)                                       # blt (taken), beq, blt (taken)
+
+
 def _rotate(ops: OpRows, f: dict, words_out: int, words_in: int, setup: int) -> None:
     c_out, c_in = _color(f["rout"]), _color(f["rin"])
     ops.busy(setup)
@@ -171,6 +214,49 @@ def _wgrad(ops: OpRows, f: dict, counts: list[int]) -> None:
                 ops.busy(5 if with_bias else 4)           # addb(s), add, addi, bne
             if not with_bias:
                 ops.busy(1)                               # jmp wg_next
+        ops.busy(5)                                       # 3 add, addi, bge
+    ops.busy(1)                                           # jmp op_done
+
+
+def _spwgrad(ops: OpRows, f: dict, table: list[int]) -> None:
+    """``spwgrad``: ``table`` is ``counts[H]`` (outputs per rotation step), then
+    the kept weights of this row per output, in rotation order."""
+    T, H, bias = f["t"], f["h"], f["bias"]
+    w, e_in, e_out = _color(f["w"]), _color(f["ein"]), _color(f["eout"])
+    counts, kept = table[:H], iter(table[H:])
+    per_weight = 2 + (T + 1) + 1                          # blt, setb; fmacw (memory); addb
+    loop = np.array([(RECV, w, 0, 0, 0, 0), (BUSY, per_weight, 0, 0, 0, 0)] * 3
+                    + [(RECV, w, 0, 0, 0, 0), (BUSY, per_weight + 1, 0, 0, 0, 0)], dtype=np.int64)  # unrolled, jmp
+    ops.busy(6 * 2 + 1 + 2 * 2 + f["gall"][2] + 1 + 2 * 2 + 2)   # 6 ld, addi, 2 ldsd, fmov G, 2 ldsd, 2 li
+    for s in range(H):
+        n_out = counts[s]
+        ops.busy(4)                                       # add, ld, bge
+        if s < H - 1:
+            _rotate(ops, f, n_out * T, counts[s + 1] * T, 20)
+        ops.busy(1)                                       # beq no outputs
+        if n_out:
+            ops.busy(7)                                   # the dy and chain descriptors
+        for _ in range(n_out):
+            n = next(kept)
+            if n:                                         # per kept weight: recv, then its private cycles
+                laps, rest = divmod(n, 4)
+                rows = np.concatenate([np.tile(loop, (laps, 1)), loop[:2 * rest]])
+                ops.block(rows[:-1])
+                ops.busy(int(rows[-1, 1]))
+            ops.recv(w)                                   # the carriage return
+            ops.busy(4)                                   # blt, sub, addi, bne
+            length = n
+            if s == 0:
+                ops.busy(3)                               # ld bias, beq
+                if bias:
+                    ops.busy(T + 5)                       # li, fsum, add, st, addi
+                    length += 1
+            ops.busy(1)                                   # beq nothing here
+            if length:
+                ops.busy(5)                               # ldsd, three setl
+                ops.vec(length, in1=e_in, out=e_out)
+                ops.busy(1 + length + 1)                  # setl, fmov G back to +0
+            ops.busy(6)                                   # ldsd, addb, add, addi, bne
         ops.busy(5)                                       # 3 add, addi, bge
     ops.busy(1)                                           # jmp op_done
 
@@ -223,6 +309,10 @@ def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
             _wgrad(ops, fields, table)
         elif kind == "softmax":
             _softmax(ops, fields, table)
+        elif kind == "spgemm":
+            _spgemm(ops, fields, table)
+        elif kind == "spwgrad":
+            _spwgrad(ops, fields, table)
         elif kind == "relu":
             ops.busy(2 + fields["data"][2] + 1 + 1)
         elif kind == "transpose":

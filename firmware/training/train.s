@@ -52,6 +52,10 @@ next_op:
         beq     r1, r2, mask
         li      r2, K_SOFTMAX
         beq     r1, r2, softmax
+        li      r2, K_SPGEMM
+        beq     r1, r2, spgemm
+        li      r2, K_SPWGRAD
+        beq     r1, r2, spwgrad
         jmp     bad_kind
 op_done:
         ld      r1, R_LEN(r15)
@@ -228,6 +232,95 @@ sgs_ring:
         jmp     op_done
 
 ; ---------------------------------------------------------------------------
+; spgemm: the sparse streamed GEMM of a masked layer (docs/weight_streaming.md
+; section 13): sgemm's rounds and ring, but the row's stream holds only the
+; non-zeros of each output, as index/value pairs (the index is the address of
+; the feature's token block here), then a carriage return (a control wavelet)
+; naming the step's ring operation: -1 FIRST (a bias word follows: send
+; add(acc, b)), -2 MID (send add(in, acc)), -3 LAST (store add(in, acc) in the
+; next y slot), -4 ONLY (one row: a bias word follows, store add(acc, b));
+; -5 ends the stream. A step without a non-zero here runs its ring operation
+; on the zero block: no weight that is not there is multiplied. The trailing
+; table (steps) describes the stream for the cycle model; this code does not
+; read it.
+;   r3 T, r11 -2, r12 -3, r13 -4
+spgemm:
+        ld      r3, SP_T(r15)
+        ldsd    d0, SP_ACC(r15)
+        ldsd    d1, SP_X(r15)
+        ldsd    d2, SP_INP(r15)
+        ldsd    d3, SP_OUT(r15)
+        ldsd    d4, SP_W(r15)
+        ldsd    d5, SP_ZERO(r15)
+        ldsd    d6, SP_Y(r15)
+        li      r11, -2
+        li      r12, -3
+        li      r13, -4
+sp_step:
+        recv    r1, C_W
+        blt     r1, r0, sp_cr_zero
+        setb    d1, r1
+        recv    r8, C_W
+        fmacs   d0, d5, d1, r8          ; acc = +0 + x[k] * w
+sp_nz:
+        recv    r1, C_W
+        blt     r1, r0, sp_cr_acc
+        setb    d1, r1
+        fmacw   d0, d1, d4              ; acc += x[k] * w, w popped from the stream
+        recv    r1, C_W
+        blt     r1, r0, sp_cr_acc
+        setb    d1, r1
+        fmacw   d0, d1, d4
+        recv    r1, C_W
+        blt     r1, r0, sp_cr_acc
+        setb    d1, r1
+        fmacw   d0, d1, d4
+        recv    r1, C_W
+        blt     r1, r0, sp_cr_acc
+        setb    d1, r1
+        fmacw   d0, d1, d4
+        jmp     sp_nz
+sp_cr_acc:
+        beq     r1, r11, spa_mid
+        blt     r1, r12, spa_only
+        beq     r1, r12, spa_last
+        recv    r8, C_W                 ; FIRST
+        fadds   d3, d0, r8
+        jmp     sp_step
+spa_mid:
+        fadd    d3, d2, d0
+        jmp     sp_step
+spa_last:
+        fadd    d6, d2, d0
+        addb    d6, r3
+        jmp     sp_step
+spa_only:
+        recv    r8, C_W
+        fadds   d6, d0, r8
+        addb    d6, r3
+        jmp     sp_step
+sp_cr_zero:
+        beq     r1, r11, spz_mid
+        blt     r1, r13, op_done        ; the end of the stream
+        blt     r1, r12, spz_only
+        beq     r1, r12, spz_last
+        recv    r8, C_W                 ; FIRST
+        fadds   d3, d5, r8
+        jmp     sp_step
+spz_mid:
+        fadd    d3, d2, d5
+        jmp     sp_step
+spz_last:
+        fadd    d6, d2, d5
+        addb    d6, r3
+        jmp     sp_step
+spz_only:
+        recv    r8, C_W
+        fadds   d6, d5, r8
+        addb    d6, r3
+        jmp     sp_step
+
+; ---------------------------------------------------------------------------
 ; wgrad: weight (and bias) gradients of one layer.
 ; The deltas dy of the layer's outputs rotate around the column ring: at step
 ; s this PE holds the block of row (row - s) mod H, counts[s] outputs of T
@@ -323,6 +416,120 @@ wg_next:
         add     r7, r5, r0
         addi    r9, r9, 1
         bge     r14, r9, wg_step
+        jmp     op_done
+
+; ---------------------------------------------------------------------------
+; spwgrad: the weight (and bias) gradients of a masked layer: wgrad's rotation
+; of the deltas and its row chain, but only the kept weights' gradients are
+; computed and leave the mesh. MemoryX sends the mask as indices on C_W
+; (multicast along the row): per output o of the held block, the address of
+; x[k] (feature-major, T words) of every kept weight W[o, k] of this row, then
+; a carriage return -(n + 1), n the number of them. G starts at +0; per index
+;   G[m] += x[k][t] * dy[o][t], t = 0 .. T-1    (fmacw, a one-word accumulator)
+; (wgrad's order for that weight: +0 + x[k][0]*dy[o][0] + ...), at step 0 with
+; a bias G[n] = the bias partial; then east = west + G[0 .. n(+1)) and those
+; words back to +0 (nothing when there is none).
+;   r3 T, r4 1, r5 current block (moving pointer), r6 receive buffer, r7 other
+;   buffer, r9 s, r10 outputs left, r13 &G, r14 H-1
+spwgrad:
+        ld      r3, SW_T(r15)
+        ld      r13, SW_GA(r15)
+        ld      r5, SW_OWN(r15)
+        ld      r6, SW_BUF0(r15)
+        ld      r7, SW_BUF1(r15)
+        ld      r14, SW_H(r15)
+        addi    r14, r14, -1
+        ldsd    d0, SW_GALL(r15)
+        ldsd    d1, SW_ZERO(r15)
+        fmov    d0, d1                  ; G = +0
+        ldsd    d0, SW_G(r15)           ; G[m], one word (moving)
+        ldsd    d3, SW_X(r15)           ; x[k], T words
+        li      r4, 1
+        li      r9, 0
+swg_step:
+        add     r10, r15, r9
+        ld      r10, SW_COUNTS(r10)
+        bge     r9, r14, swg_compute    ; the last step passes nothing on
+        mul     r11, r10, r3            ; words of this block
+        add     r12, r15, r9
+        ld      r12, SW_COUNTS+1(r12)
+        mul     r12, r12, r3            ; words of the next block
+        ldsd    d4, SW_ROUT(r15)
+        setl    d4, r11
+        ldsd    d5, SW_MEM(r15)
+        setb    d5, r5
+        ldsd    d6, SW_RIN(r15)
+        ldsd    d7, SW_MEM(r15)
+        setb    d7, r6
+        setl    d7, r12
+        ld      r8, SW_SEND_FIRST(r15)
+        beq     r8, r0, swg_recv_first
+        fmov    d4, d5                  ; send this block on
+        fmov    d7, d6                  ; take the next one
+        jmp     swg_compute
+swg_recv_first:
+        fmov    d7, d6
+        fmov    d4, d5
+swg_compute:
+        beq     r10, r0, swg_next
+        ldsd    d7, SW_DYO(r15)
+        setb    d7, r5                  ; dy[o][0 ..]
+        ldsd    d5, SW_EOUT(r15)
+        ldsd    d6, SW_EIN(r15)
+swg_nz:
+        recv    r1, C_W
+        blt     r1, r0, swg_cr
+        setb    d3, r1
+        fmacw   d0, d3, d7              ; G[m] += x[k][t] * dy[o][t]
+        addb    d0, r4
+        recv    r1, C_W
+        blt     r1, r0, swg_cr
+        setb    d3, r1
+        fmacw   d0, d3, d7
+        addb    d0, r4
+        recv    r1, C_W
+        blt     r1, r0, swg_cr
+        setb    d3, r1
+        fmacw   d0, d3, d7
+        addb    d0, r4
+        recv    r1, C_W
+        blt     r1, r0, swg_cr
+        setb    d3, r1
+        fmacw   d0, d3, d7
+        addb    d0, r4
+        jmp     swg_nz
+swg_cr:
+        sub     r11, r0, r1
+        addi    r11, r11, -1            ; n
+        bne     r9, r0, swg_chain
+        ld      r12, SW_BIAS(r15)
+        beq     r12, r0, swg_chain
+        li      r12, 0
+        fsum    r12, d7                 ; the bias partial: 0 + dy[o][0] + ...
+        add     r2, r13, r11
+        st      r12, 0(r2)
+        addi    r11, r11, 1
+swg_chain:
+        beq     r11, r0, swg_done       ; no kept weight of this output here
+        ldsd    d0, SW_G(r15)
+        setl    d0, r11
+        setl    d5, r11
+        setl    d6, r11
+        fadd    d5, d6, d0              ; east = west + G
+        setl    d1, r11
+        fmov    d0, d1                  ; G back to +0
+swg_done:
+        ldsd    d0, SW_G(r15)
+        addb    d7, r3
+        add     r5, r5, r3
+        addi    r10, r10, -1
+        bne     r10, r0, swg_nz
+swg_next:
+        add     r5, r6, r0              ; the received block is the next one
+        add     r6, r7, r0
+        add     r7, r5, r0
+        addi    r9, r9, 1
+        bge     r14, r9, swg_step
         jmp     op_done
 
 ; ---------------------------------------------------------------------------

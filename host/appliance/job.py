@@ -17,6 +17,11 @@ on ``sys.path`` or inside a package). It defines:
     ``{"name": "sgd", "lr": 0.05, "momentum": 0.9}``.
 ``BATCH``, ``EPOCHS`` (optional, defaults 64 and 1)
     Mini-batch size and number of passes over the training split.
+``SPARSITY`` (optional, default none: dense)
+    Static unstructured weight sparsity (``docs/weight_streaming.md`` section
+    13): a dict ``{"sparsity": 0.9, "method": "magnitude" | "random",
+    "seed": 0, "layers": {"fc1.weight": 0.8}}`` (all keys but ``sparsity``
+    optional; ``layers`` overrides it per weight, 0 keeps a layer dense).
 
 Command-line options and :class:`~wse.host.appliance.TrainConfig` fields
 override these defaults. Nothing else in the file is read.
@@ -69,6 +74,8 @@ class Job:
         ``OPTIMIZER`` (a copy), or ``{"name": "sgd"}``.
     batch, epochs : int
         ``BATCH`` and ``EPOCHS``, or 64 and 1.
+    sparsity : dict or None
+        ``SPARSITY`` (a copy), or None.
     """
 
     path: Path
@@ -78,6 +85,7 @@ class Job:
     optimizer: dict
     batch: int
     epochs: int
+    sparsity: dict | None = None
 
     def model(self, in_features: int, classes: int, seed: int):
         """Build the model with ``torch`` seeded by ``seed``.
@@ -185,7 +193,12 @@ def load_job(path: str | os.PathLike) -> Job:
                          f"(sgd, adam or adamw) and PyTorch hyper-parameters, not {optimizer!r}")
     batch = _positive_int(path, "BATCH", getattr(module, "BATCH", DEFAULT_BATCH))
     epochs = _positive_int(path, "EPOCHS", getattr(module, "EPOCHS", DEFAULT_EPOCHS))
-    return Job(path, hashlib.sha256(data).hexdigest(), build, dataset, dict(optimizer), batch, epochs)
+    sparsity = getattr(module, "SPARSITY", None)
+    if sparsity is not None and not (isinstance(sparsity, Mapping) and "sparsity" in sparsity):
+        raise UsageError(f"job file {_display(path)}: SPARSITY must be a dict with a 'sparsity' in [0, 1) and "
+                         f"optional 'method', 'seed' and 'layers', not {sparsity!r}")
+    return Job(path, hashlib.sha256(data).hexdigest(), build, dataset, dict(optimizer), batch, epochs,
+               None if sparsity is None else dict(sparsity))
 
 
 def load_dataset(name: str, split: str, mnist_dir: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -277,6 +277,10 @@ class RunSummary:
             f"  summary     : {files['summary']}",
             f"  checkpoint  : {files['checkpoint']}",
         ]
+        dense = self.data["fabric"].get("dense_cycles_per_step")
+        if dense:
+            lines.insert(2, f"  sparsity    : {self.cycles_per_step:,.0f} cycles/step against {dense:,} dense "
+                            f"({self.cycles_per_step / dense:.3f}x)")
         systems = self.data.get("systems") or {}
         swarmx = systems.get("swarmx")
         if systems.get("count", 1) > 1 and swarmx:
@@ -360,6 +364,7 @@ def finish_run(p: "Prepared", trainer: dict, resumed_from: int | None, steps_bef
             "fmac_utilization_step": (sum(hist["step_utilization"]) / len(hist["step_utilization"]))
             if hist.get("step_utilization") else None,
             "phases": trainer["phases"],
+            "dense_cycles_per_step": getattr(p, "dense_cycles", None),
         },
         "systems": systems,
         "wall_s": wall,

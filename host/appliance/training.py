@@ -18,7 +18,8 @@ The appliance's modules, from the top: ``cli``; ``training`` (this module);
 ``systems`` (launching one system or N, in-process or under ``torchrun``);
 ``loop`` (the one training loop); ``engines`` (one system's steps); ``report``
 (progress, scalars, the summary); ``preparation``, ``evaluation`` and
-``reference``; at the bottom ``folder``, ``checkpoint``, ``options`` and
+``reference``; ``sparsity`` (the masks and the executable of a ``--sparsity``
+run); at the bottom ``folder``, ``checkpoint``, ``options`` and
 ``job``. Each imports only modules below it.
 """
 

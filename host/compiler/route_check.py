@@ -55,10 +55,10 @@ def weight_streaming_rings(plan, decoded: dict) -> list[Ring]:
     rings = []
     for j in range(plan.columns):
         members = tuple((j, i) + ring_colors(i, H) for i in range(H))
-        column = [fields for i in range(H) for kind, fields in decoded[(j, i)] if kind == "sgemm"]
+        column = [fields for i in range(H) for kind, fields in decoded[(j, i)] if kind in ("sgemm", "spgemm")]
         if column:
             rings.append(Ring(f"column {j} partial sums", members, message=max(f["t"] for f in column)))
-        for kind in ("wgrad", "softmax"):
+        for kind in ("wgrad", "spwgrad", "softmax"):
             flags = [[not f["send_first"] for k, f in decoded[(j, i)] if k == kind] for i in range(H)]
             if any(flags):
                 rings.append(Ring(f"column {j} {kind} rotation", members,

@@ -22,7 +22,8 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
-__all__ = ["StreamIn", "StreamOut", "MathOp", "Sgemm", "SgemmTransposed", "SparseSgemm", "Relu", "ReluMask",
+__all__ = ["StreamIn", "StreamOut", "MathOp", "Sgemm", "SgemmTransposed", "SparseSgemm", "SparseSgemmTransposed",
+           "SparseWeightGradient", "Relu", "ReluMask",
            "SoftmaxDelta", "WeightGradient", "Phase"]
 
 
@@ -61,6 +62,9 @@ class StreamIn(_Stream):
         int64 pool index of every wavelet, in order.
     ctrl:
         uint8 per wavelet: 1 for a control wavelet.
+    words:
+        uint32 constant words appended to the pool after -0.0 (None: none): the
+        index words and carriage returns of a sparse stream.
     """
     edge: str
     index: int
@@ -68,17 +72,22 @@ class StreamIn(_Stream):
     tensors: tuple[str, ...]
     gather: np.ndarray
     ctrl: np.ndarray
+    words: np.ndarray | None = None
 
     def to_manifest(self, keep: Callable[[np.ndarray], str]) -> dict[str, Any]:
         """The manifest entry; ``keep`` stores an array and returns its key."""
-        return {"edge": self.edge, "index": self.index, "color": self.color, "tensors": list(self.tensors),
-                "gather": keep(self.gather), "ctrl": keep(self.ctrl)}
+        entry = {"edge": self.edge, "index": self.index, "color": self.color, "tensors": list(self.tensors),
+                 "gather": keep(self.gather), "ctrl": keep(self.ctrl)}
+        if self.words is not None:
+            entry["words"] = keep(self.words)
+        return entry
 
     @classmethod
     def from_manifest(cls, data: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> "StreamIn":
         """Rebuild a stream from :meth:`to_manifest`'s entry and the stored arrays."""
+        words = arrays[data["words"]] if "words" in data else None
         return cls(data["edge"], data["index"], data["color"], tuple(data["tensors"]), arrays[data["gather"]],
-                   arrays[data["ctrl"]])
+                   arrays[data["ctrl"]], words)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -145,7 +154,8 @@ class MathOp:
         if tag == Sgemm.op:
             data.pop("transposed", None)
             return Sgemm(**data)
-        cls = {c.op: c for c in (SparseSgemm, Relu, ReluMask, SoftmaxDelta, WeightGradient)}.get(tag)
+        cls = {c.op: c for c in (SparseSgemm, SparseSgemmTransposed, Relu, ReluMask, SoftmaxDelta,
+                                 WeightGradient, SparseWeightGradient)}.get(tag)
         if cls is None:
             raise ValueError(f"unknown math operation {tag!r}")
         return cls(**data)
@@ -203,6 +213,27 @@ class SparseSgemm(MathOp):
 
 
 @dataclasses.dataclass(frozen=True)
+class SparseSgemmTransposed(MathOp):
+    """The sparse streamed GEMM with the masked weights transposed (input
+    gradients of a masked layer): ``y = (W * mask)^T x``, ``W [O, K]``
+    (``weight``), ``x [O, B]``, ``y [K, B]``; ``nonzeros`` are the kept
+    entries' flat indices ``k*O + o`` in ``W^T`` (ascending). Only those are
+    multiplied, in :class:`SparseSgemm`'s order with ``W^T`` and no bias."""
+
+    op: ClassVar[str] = "spgemm_t"
+    weight: str
+    x: str
+    y: str
+    nonzeros: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Relu(MathOp):
     """``data = max(data, +0)`` in place, with the fabric's ``fmaxs`` rules."""
 
@@ -239,6 +270,26 @@ class WeightGradient(MathOp):
     bias: str | None
     x: str
     dy: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseWeightGradient(MathOp):
+    """The gradients of a masked layer's kept weights (and of ``bias``, None:
+    none): :class:`WeightGradient`'s values at the flat indices ``nonzeros``
+    (``o*K + k``, ascending), +0 at every pruned weight (never computed)."""
+
+    op: ClassVar[str] = "spwgrad"
+    weight: str
+    bias: str | None
+    x: str
+    dy: str
+    nonzeros: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
 
 
 # Phases ------------------------------------------------------------------------------------

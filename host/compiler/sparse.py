@@ -26,7 +26,7 @@ from wse.config import UsageError
 from wse.firmware.kernels.spgemm import sparse_mask
 
 __all__ = ["MASK_KINDS", "check_sparsity", "choose_mask", "layer_masks", "check_mask", "nonzeros", "mask_of",
-           "reference_forward"]
+           "reference_forward", "compile_sparse"]
 
 #: How a mask is chosen.
 MASK_KINDS = ("magnitude", "random")
@@ -111,8 +111,10 @@ def reference_forward(w: np.ndarray, mask: np.ndarray, x: np.ndarray, bias: np.n
     output ``o``, with ``e = o mod H`` and ``s = e + 1 mod H``::
 
         P_i = +0; P_i = add(P_i, mul(x[k], W[o, k]))  for k kept, k mod H = i, k ascending
-        (bias: P_s = add(+0, b[o]) first, the pair (ones block, b[o]) streamed before row s's non-zeros)
-        y = P_s;  y = add(y, P_q)  for q = s+1, ..., e (mod H)
+        y = add(P_s, b[o])  (no bias: y = P_s, the stream's -0.0 being an exact identity)
+        y = add(y, P_q)     for q = s+1, ..., e (mod H)
+
+    This is the dense streamed GEMM's order (section 5) over the kept weights only.
 
     Inputs are flushed and every result flushed, as on the fabric.
     """
@@ -122,13 +124,53 @@ def reference_forward(w: np.ndarray, mask: np.ndarray, x: np.ndarray, bias: np.n
     for o in range(n_out):
         s = (o % height + 1) % height
         part = np.zeros((height, x.shape[1]), dtype=np.uint32)
-        if bias is not None:
-            part[s] = fp.vadd(part[s], np.full(x.shape[1], fp.as_bits(bias)[o], dtype=np.uint32))
         for k in np.flatnonzero(mask[o]):
             i = k % height
             part[i] = fp.vadd(part[i], fp.vmul(x[k], np.full(x.shape[1], w[o, k], dtype=np.uint32)))
         acc = part[s]
+        if bias is not None:
+            acc = fp.vadd(acc, np.full(x.shape[1], fp.as_bits(bias)[o], dtype=np.uint32))
         for q in range(1, height):
             acc = fp.vadd(acc, part[(s + q) % height])
         y[o] = acc
     return y.view(np.float32)
+
+
+def compile_sparse(model, example_input, *, config, batch: int, masks: Mapping[str, np.ndarray],
+                   loss="cross_entropy", cycles: bool = True, progress: bool = True, choose: bool = True):
+    """Compile ``model`` for weight-streaming training with the static ``masks``
+    (weight name to boolean ``[O, K]``, e.g. from :func:`layer_masks`): each
+    masked layer's forward GEMM streams only its kept weights
+    (``docs/weight_streaming.md`` section 13); an empty ``masks`` gives the
+    dense executable. ``cycles`` as for :func:`~.mapper.compile_model`; ``progress``
+    reports a long cycle model on stderr. ``choose`` keeps a masked layer's phase
+    dense where the static cycle model counts fewer cycles for the dense phase
+    (low sparsity: a non-zero costs more than a dense weight); the phase's
+    math is then the dense one on the masked weights, and MemoryX's gradient
+    masking keeps the semantics. ``choose=False`` runs every masked phase sparse.
+
+    Raises
+    ------
+    UsageError
+        A mask naming no weight, of the wrong shape or not 0/1, a batch whose
+        token blocks differ between columns (a :class:`~.weight_streaming.FitError`),
+        or anything :func:`~.mapper.compile_model` refuses.
+    """
+    from wse.config import FabricConfig
+
+    from .codegen import generate
+    from .frontend import trace
+    from .weight_streaming import plan
+
+    if not isinstance(config, FabricConfig):
+        raise UsageError(f"config must be a FabricConfig, not {type(config).__name__}")
+    graph = trace(model, example_input, loss=loss)
+    if not (choose and cycles and masks):
+        return generate(plan(graph, config, batch, masks), cycles=cycles, progress=progress)
+    from .cycles import phase_cycles
+
+    sparse_plan = plan(graph, config, batch, masks)
+    sparse = phase_cycles(sparse_plan, progress=progress)
+    dense = phase_cycles(plan(graph, config, batch), progress=progress)
+    slower = sorted(name for name, count in sparse.items() if count > dense[name])
+    return generate(plan(graph, config, batch, masks, slower) if slower else sparse_plan, progress=progress)

@@ -186,8 +186,14 @@ def _check_fit(config: FabricConfig, batch: int, columns: int, tmax: int) -> Non
                        f"or a wider mesh")
 
 
-def plan(graph: Graph, config: FabricConfig, batch: int) -> Plan:
+def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phases=()) -> Plan:
     """Map ``graph`` for training with batches of ``batch`` samples on ``config``.
+
+    ``masks`` (weight name to a boolean ``[O, K]`` array, :mod:`.sparse`) makes
+    those layers' phases sparse: only the kept weights stream
+    (``docs/weight_streaming.md`` section 13), except the phases named in
+    ``dense_phases`` (such as ``"bwd-weight fc1"``), which stream the masked
+    layer densely.
 
     Raises
     ------
@@ -240,11 +246,32 @@ def plan(graph: Graph, config: FabricConfig, batch: int) -> Plan:
         mem.take(name, tmax, loss)
     mem.take("onehot", per_row[-1] * tmax, loss)
     _check_memory(mem, config, graph, batch, program)
-    ctx = ws_phases.Context(config, program, layers, relu_input, tokens, mem, H, columns)
+    masks = _check_masks(masks, layers, tokens, batch)
+    ctx = ws_phases.Context(config, program, layers, relu_input, tokens, mem, H, columns, masks,
+                            frozenset(dense_phases))
     phases, sequences = ws_phases.build(ctx)
     _check_memory(mem, config, graph, batch, program)
     return Plan(config, batch, graph, layers, relu_input, columns, tokens, dict(mem.regions), phases, sequences,
                 _routes(config, columns), ws_phases.transfers(ctx))
+
+
+def _check_masks(masks, layers: list, tokens: list, batch: int) -> dict:
+    """The masks by weight name, checked against the layers; a sparse layer needs
+    equal token blocks (a stream's index word is one address on every PE of a row)."""
+    from .sparse import check_mask
+
+    masks = dict(masks or {})
+    shapes = {layer.weight: (layer.o, layer.k) for layer in layers}
+    for name in masks:
+        if name not in shapes:
+            raise UsageError(f"a mask is given for {name!r}, which is no Linear weight of the model "
+                             f"(weights: {', '.join(shapes)})")
+        masks[name] = check_mask(name, masks[name], shapes[name])
+    if masks and len({len(block) for block in tokens}) > 1:
+        raise FitError(f"sparse weight streaming needs the same tokens on every column, but a batch of {batch} "
+                       f"on {len(tokens)} columns gives blocks of {len(tokens[0])} and {len(tokens[-1])}; use "
+                       f"a batch that is a multiple of {len(tokens)}")
+    return masks
 
 
 def _check_memory(mem: _Memory, config: FabricConfig, graph: Graph, batch: int, program) -> None:

@@ -18,7 +18,8 @@ from wse.config import FabricConfig
 from wse.firmware.image import Program
 from wse.firmware.training import C_W, records as rec
 
-from .schedule import Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, StreamIn, StreamOut, WeightGradient
+from .schedule import (Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, SparseSgemm, SparseSgemmTransposed,
+                       SparseWeightGradient, StreamIn, StreamOut, WeightGradient)
 from .weight_streaming import EAST, PlannedPhase, WSLayer, _local, ring_colors
 
 __all__ = ["Context", "build", "transfers", "sgemm_steps"]
@@ -35,6 +36,12 @@ class Context:
     mem: object
     H: int
     columns: int
+    masks: dict = dataclasses.field(default_factory=dict)
+    dense_phases: frozenset = frozenset()
+
+    def sparse(self, layer: WSLayer, phase: str) -> np.ndarray | None:
+        """The mask of ``layer`` if its phase ``phase`` (such as ``"fwd fc1"``) runs sparse, else None."""
+        return None if phase in self.dense_phases else self.masks.get(layer.weight)
 
     def T(self, j: int) -> int:
         """Tokens of column ``j`` (0 for columns without any)."""
@@ -105,6 +112,65 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
     return records, streams, fmacs
 
 
+#: The word that ends a sparse stream (``train.s``'s ``spgemm``; a carriage return is ``-(kind + 1)``).
+_CR_END = -5
+
+
+def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x: str,
+            y: str) -> tuple[list, list, int]:
+    """Records and weight streams of a masked layer's sparse streamed GEMM
+    (``docs/weight_streaming.md`` section 13; forward, or input gradients with
+    the masked weights transposed): the dense GEMM's steps and ring, each row's
+    stream holding only its kept weights as (index, value) pairs, a carriage
+    return per step (and the bias word, -0.0 without one, at ring position 0), an end."""
+    H, cfg = ctx.H, ctx.config
+    T = ctx.T(0)
+    bias = layer.bias is not None and not transposed
+    grid = mask.T if transposed else mask                   # [outputs, contracted features]
+    n_pool = layer.o * layer.k + (layer.o if layer.bias is not None else 0)
+    xa = ctx.addr(x)
+    records = [[None] * cfg.width for _ in range(H)]
+    streams = []
+    for i in range(H):
+        feats = np.arange(i, grid.shape[1], H)
+        o, p = sgemm_steps(i, H, grid.shape[0])
+        kinds = np.where(p == 0, rec.SPARSE_KINDS["first"],
+                         np.where(p == H - 1, rec.SPARSE_KINDS["last"], rec.SPARSE_KINDS["mid"]))
+        if H == 1:
+            kinds[:] = rec.SPARSE_KINDS["only"]
+        kept = grid[o][:, feats] if len(o) else np.zeros((0, len(feats)), bool)
+        counts = kept.sum(axis=1)
+        c_in, c_out = ring_colors(i, H)
+        for j in range(ctx.columns):
+            records[i][j] = rec.encode("spgemm", dict(
+                t=T, acc=rec.dsd_mem(ctx.addr("acc"), T), zero=rec.dsd_mem(ctx.zero, T, 0), x=rec.dsd_mem(0, T),
+                w=rec.dsd_fabin(C_W, 0), out=rec.dsd_fabout(c_out, T), inp=rec.dsd_fabin(c_in, T),
+                y=rec.dsd_mem(ctx.addr(y), T)), table=(counts << 2 | kinds).tolist())
+        # the pool: weight (, bias), +0, -0, then the words: carriage returns -1..-5, feature addresses
+        words = np.array([-1, -2, -3, -4, _CR_END] + [xa + l * T for l in range(len(feats))],
+                         dtype=np.int64).astype(np.uint32)
+        w0 = n_pool + 2
+        gather, ctrl = [], []
+        for s, (out, kind) in enumerate(zip(o.tolist(), kinds.tolist())):
+            local = np.flatnonzero(kept[s])
+            pairs = np.empty(2 * len(local), dtype=np.int64)
+            pairs[0::2] = w0 + 5 + local
+            pairs[1::2] = feats[local] * layer.k + out if transposed else out * layer.k + feats[local]
+            gather.append(pairs)
+            ctrl.append(np.zeros(len(pairs), np.uint8))
+            tail = [w0 + kind]                              # the carriage return -(kind + 1)
+            if kind in (rec.SPARSE_KINDS["first"], rec.SPARSE_KINDS["only"]):
+                tail.append(layer.o * layer.k + out if bias else n_pool + 1)
+            gather.append(np.array(tail, dtype=np.int64))
+            ctrl.append(np.array([1] + [0] * (len(tail) - 1), np.uint8))
+        gather.append(np.array([w0 + 4], dtype=np.int64))
+        ctrl.append(np.ones(1, np.uint8))
+        streams.append(StreamIn("W", i, C_W, (layer.weight,) + ((layer.bias,) if layer.bias is not None else ()),
+                                np.concatenate(gather), np.concatenate(ctrl), words))
+    fmacs = int(mask.sum()) * sum(ctx.T(j) for j in range(cfg.width))
+    return records, streams, fmacs
+
+
 def _per_pe(ctx: Context, make) -> list:
     """``[H][W]`` records from ``make(i, j, T)`` for PEs holding tokens."""
     return [[make(i, j, ctx.T(j)) if ctx.T(j) else None for j in range(ctx.config.width)] for i in range(ctx.H)]
@@ -172,6 +238,56 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
     return records, streams, fmacs
 
 
+def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[list, list, list, int]:
+    """Records, the mask's index streams and the gradient streams of a masked
+    layer's weight gradients (``train.s``'s ``spwgrad``): wgrad's rotation and
+    row chain over the kept weights only. Row ``i``'s index stream holds, per
+    rotation step and output of the held block, the addresses of the kept
+    features' blocks of ``x`` (feature-major), then a carriage return ``-(n + 1)``."""
+    H = ctx.H
+    T = ctx.T(0)
+    bias = layer.bias is not None
+    g, xa = ctx.addr("g"), ctx.addr(f"act{l - 1}")
+    counts_of = [_local(layer.o, H, r) for r in range(H)]
+    records = [[None] * ctx.config.width for _ in range(H)]
+    streams_in, streams_out = [], []
+    n_weight = layer.o * layer.k
+    for i in range(H):
+        feats = np.arange(i, layer.k, H)
+        kept_n, gather, scatter = [], [], []
+        for s in range(H):
+            for o in range(((i - s) % H), layer.o, H):
+                local = np.flatnonzero(mask[o, feats])
+                kept_n.append(len(local))
+                gather += [2 + local, [2 + len(feats) + len(local)]]
+                scatter.append(o * layer.k + feats[local])
+                if bias and s == 0:
+                    scatter.append([n_weight + o])
+        c_in, c_out = ring_colors(i, H)
+        table = [counts_of[(i - s) % H] for s in range(H)] + kept_n
+        for j in range(ctx.columns):
+            ein = rec.dsd_fabin(EAST[j % 2]) if j else rec.dsd_mem(ctx.zero, 0, 0)
+            records[i][j] = rec.encode("spwgrad", dict(
+                t=T, h=H, bias=int(bias), send_first=int(i % 2 == 0), own=ctx.addr(f"grad{l}"),
+                buf0=ctx.addr("buf0"), buf1=ctx.addr("buf1"), ga=g, g=rec.dsd_mem(g, 1),
+                gall=rec.dsd_mem(g, len(feats) + bias), zero=rec.dsd_mem(ctx.zero, len(feats) + bias, 0),
+                x=rec.dsd_mem(0, T), eout=rec.dsd_fabout(EAST[(j + 1) % 2]), ein=ein, dyo=rec.dsd_mem(0, T),
+                rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in), mem=rec.dsd_mem(0, 0),
+                w=rec.dsd_fabin(C_W, 0)), table=table)
+        if gather:      # the pool: +0, -0, then the feature addresses, then the carriage returns
+            words = np.array([xa + m * T for m in range(len(feats))] + [-(n + 1) for n in range(len(feats) + 1)],
+                             dtype=np.int64).astype(np.uint32)
+            index = np.concatenate(gather).astype(np.int64)
+            ctrl = (index >= 2 + len(feats)).astype(np.uint8)
+            streams_in.append(StreamIn("W", i, C_W, (), index, ctrl, words))
+        flat = np.concatenate(scatter).astype(np.int64) if scatter else np.zeros(0, np.int64)
+        if len(flat):
+            tensors = (layer.weight,) + ((layer.bias,) if bias else ())
+            streams_out.append(StreamOut("E", i, EAST[ctx.columns % 2], tensors, flat))
+    fmacs = int(mask.sum()) * sum(ctx.T(j) for j in range(ctx.config.width))
+    return records, streams_in, streams_out, fmacs
+
+
 def _softmax(ctx: Context, l: int) -> tuple[list, int]:
     H = ctx.H
     classes = ctx.layers[-1].o
@@ -221,9 +337,14 @@ def build(ctx: Context) -> tuple[dict, dict]:
             parts.append(_relu(ctx, "act0", layer.k))
             parts.append(_transpose(ctx, "act0", "act0tm", layer.k))
             math.append(Relu("act0"))
-        records, streams, fmacs = _sgemm(ctx, layer, False, f"act{l - 1}", f"act{l}")
+        mask = ctx.sparse(layer, f"fwd {layer.name}")
+        if mask is not None:
+            records, streams, fmacs = _spgemm(ctx, layer, mask, False, f"act{l - 1}", f"act{l}")
+            math.append(SparseSgemm(layer.weight, layer.bias, f"act{l - 1}", f"act{l}", np.flatnonzero(mask.ravel())))
+        else:
+            records, streams, fmacs = _sgemm(ctx, layer, False, f"act{l - 1}", f"act{l}")
+            math.append(Sgemm(layer.weight, layer.bias, f"act{l - 1}", f"act{l}"))
         parts.append(records)
-        math.append(Sgemm(layer.weight, layer.bias, f"act{l - 1}", f"act{l}"))
         if layer.relu:
             parts.append(_relu(ctx, f"act{l}", layer.o))
             math.append(Relu(f"act{l}"))
@@ -240,17 +361,29 @@ def build(ctx: Context) -> tuple[dict, dict]:
     for l in range(L, 0, -1):
         layer = layers[l - 1]
         if l > 1:
-            records, streams, fmacs = _sgemm(ctx, layer, True, f"grad{l}", f"grad{l - 1}")
+            mask = ctx.sparse(layer, f"bwd-data {layer.name}")
+            if mask is not None:
+                records, streams, fmacs = _spgemm(ctx, layer, mask, True, f"grad{l}", f"grad{l - 1}")
+                math = [SparseSgemmTransposed(layer.weight, f"grad{l}", f"grad{l - 1}", np.flatnonzero(mask.T.ravel()))]
+            else:
+                records, streams, fmacs = _sgemm(ctx, layer, True, f"grad{l}", f"grad{l - 1}")
+                math = [SgemmTransposed(layer.weight, f"grad{l}", f"grad{l - 1}")]
             parts = [records]
-            math = [SgemmTransposed(layer.weight, f"grad{l}", f"grad{l - 1}")]
             if layers[l - 2].relu:
                 parts.append(_mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k))
                 math.append(ReluMask(f"act{l - 1}", f"grad{l - 1}"))
             add(f"bwd-data {layer.name}", "backward-data", parts, streams, (), math, fmacs)
             backward.append(f"bwd-data {layer.name}")
-        records, streams, fmacs = _wgrad(ctx, layer, l)
-        add(f"bwd-weight {layer.name}", "backward-weight", [records], (), streams,
-            [WeightGradient(layer.weight, layer.bias, f"act{l - 1}", f"grad{l}")], fmacs)
+        mask = ctx.sparse(layer, f"bwd-weight {layer.name}")
+        if mask is not None:
+            records, streams_in, streams, fmacs = _spwgrad(ctx, layer, l, mask)
+            add(f"bwd-weight {layer.name}", "backward-weight", [records], streams_in, streams,
+                [SparseWeightGradient(layer.weight, layer.bias, f"act{l - 1}", f"grad{l}",
+                                      np.flatnonzero(mask.ravel()))], fmacs)
+        else:
+            records, streams, fmacs = _wgrad(ctx, layer, l)
+            add(f"bwd-weight {layer.name}", "backward-weight", [records], (), streams,
+                [WeightGradient(layer.weight, layer.bias, f"act{l - 1}", f"grad{l}")], fmacs)
         backward.append(f"bwd-weight {layer.name}")
     forward = [f"fwd {layer.name}" for layer in layers]
     return phases, {"train": forward + ["loss"] + backward, "eval": forward}

@@ -112,6 +112,7 @@ class MemoryX:
         self._optimizer: torch.optim.Optimizer | None = None
         self.step_count = 0
         self.skipped_steps = 0
+        self._masks: dict[str, np.ndarray] = {}
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -304,6 +305,7 @@ class MemoryX:
             for slot, value in self.optimizer_state(name).items():
                 twin._set_slot(name, slot, value)
         twin.step_count, twin.skipped_steps = self.step_count, self.skipped_steps
+        twin._masks = self.masks
         return twin
 
     def set_optimizer_state(self, name: str, slot: str, value: np.ndarray) -> None:
@@ -345,6 +347,37 @@ class MemoryX:
         return (f"MemoryX({self._config!r}, tensors={len(self)}, elements={self.num_elements}, "
                 f"step_count={self.step_count})")
 
+    # ---------------------------------------------------------------- sparsity
+    @property
+    def masks(self) -> dict[str, np.ndarray]:
+        """The static sparsity masks by tensor name (boolean, the tensor's shape; copies)."""
+        return {name: mask.copy() for name, mask in self._masks.items()}
+
+    def set_masks(self, masks: Mapping[str, Any]) -> None:
+        """Fix static sparsity masks (``docs/weight_streaming.md`` section 13): each
+        named weight is multiplied by its mask now, and every later gradient of it
+        before the optimizer step (PyTorch's ``weight.grad *= mask``), so pruned
+        weights stay zero. Tensors not named stay dense.
+
+        Raises
+        ------
+        UsageError
+            For an unknown tensor, or a mask of another shape or not 0/1.
+        """
+        checked = {}
+        for name, mask in masks.items():
+            array = np.asarray(mask)
+            if array.shape != self.shape(name):
+                raise UsageError(f"mask of {name!r} has shape {array.shape}, expected the weight's shape "
+                                 f"{self.shape(name)}")
+            if array.dtype != bool and not np.isin(array, (0, 1)).all():
+                raise UsageError(f"mask of {name!r} must hold only 0 and 1 (or booleans)")
+            checked[name] = array.astype(bool)
+        for name, mask in checked.items():
+            weight = self._store.get(name)
+            weight *= mask.astype(np.float32)
+            self._masks[name] = mask
+
     # ---------------------------------------------------------------- updating
     def apply_gradients(self, grads: Mapping[str, Any]) -> bool:
         """Run one optimizer step over the tensors named in ``grads``.
@@ -385,6 +418,8 @@ class MemoryX:
                 array = _as_float32(grads[name], f"gradient for {name!r}")
                 if array.shape != self.shape(name):
                     raise UsageError(f"gradient for {name!r} has shape {array.shape}, expected {self.shape(name)}")
+                if name in self._masks:         # only the kept weights' gradients count
+                    array = array * self._masks[name].astype(np.float32)
                 arrays[name] = array
         bad = [name for name, array in arrays.items() if not np.isfinite(array).all()]
         if bad and self._nonfinite == "raise":
@@ -452,6 +487,8 @@ class MemoryX:
             "shapes": {name: list(self.shape(name)) for name in self._order},
             "slots": {name: sorted(self._slots[name]) for name in self._order},
         }
+        if self._masks:                 # compact: the kept weights' flat indices
+            manifest["masks"] = {name: np.flatnonzero(mask.ravel()).tolist() for name, mask in self._masks.items()}
         write_checkpoint(folder, manifest, tensors)
 
     @classmethod
@@ -500,4 +537,13 @@ class MemoryX:
             for slot in slots[name]:
                 memoryx._set_slot(name, slot, tensors[name + _SLOT_SEP + slot])
         memoryx.step_count, memoryx.skipped_steps = step_count, skipped
+        for name, kept in dict(manifest.get("masks") or {}).items():
+            if name not in shapes or not isinstance(kept, list):
+                raise UsageError(f"{where} has a mask for {name!r}, which it holds no weight of")
+            mask = np.zeros(int(np.prod(shapes[name])), dtype=bool)
+            try:
+                mask[np.asarray(kept, dtype=np.int64)] = True
+            except (IndexError, ValueError):
+                raise UsageError(f"{where} mask of {name!r} holds indices outside the weight") from None
+            memoryx._masks[name] = mask.reshape(shapes[name])
         return memoryx

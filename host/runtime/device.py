@@ -80,6 +80,8 @@ class DeviceBackend(Backend):
         device.memcpy_h2d(self.phase_word, np.array([phase.ops_addr], dtype=np.uint32))
         for stream in phase.streams_in:
             pool = pool_of(weights, stream.tensors)
+            if stream.words is not None:        # a sparse stream's index words and carriage returns
+                pool = np.concatenate([pool, stream.words.astype(np.uint32)])
             device.stream_in(stream.edge, stream.index, stream.color, pool[stream.gather], stream.ctrl)
         device.launch(T_RUN)
         cycles = device.run()

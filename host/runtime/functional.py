@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from wse.host.compiler.schedule import (MathOp, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta,
-                                        SparseSgemm, WeightGradient)
+                                        SparseSgemm, SparseSgemmTransposed, SparseWeightGradient, WeightGradient)
 
 from . import kernels
 from .backend import Backend, HostData, RunResult
@@ -76,6 +76,7 @@ class FunctionalBackend(Backend):
         self.counts = np.array([len(block) for block in blocks], dtype=np.int64)
         self._ops: dict[type, Callable[[_Step, MathOp], None]] = {
             Sgemm: self._sgemm, SgemmTransposed: self._sgemm_transposed, SparseSgemm: self._spgemm,
+            SparseSgemmTransposed: self._spgemm_transposed, SparseWeightGradient: self._spwgrad,
             Relu: self._relu, ReluMask: self._mask, SoftmaxDelta: self._softmax, WeightGradient: self._wgrad}
 
     def run(self, sequence: str, host: HostData, weights: Mapping[str, np.ndarray]) -> RunResult:
@@ -113,8 +114,19 @@ class FunctionalBackend(Backend):
         step.acts[op.y] = kernels.spgemm(step.w[op.weight], step.acts[op.x], bias,
                                          np.asarray(op.nonzeros, dtype=np.int64), self.height)
 
+    def _spgemm_transposed(self, step: _Step, op: SparseSgemmTransposed) -> None:
+        step.acts[op.y] = kernels.spgemm(np.ascontiguousarray(step.w[op.weight].T), step.acts[op.x], None,
+                                         np.asarray(op.nonzeros, dtype=np.int64), self.height)
+
     def _sgemm_transposed(self, step: _Step, op: SgemmTransposed) -> None:
         step.acts[op.y] = kernels.sgemm_transposed(step.w[op.weight], step.acts[op.x], self.height)
+
+    def _spwgrad(self, step: _Step, op: SparseWeightGradient) -> None:
+        self._wgrad(step, op)               # the kept weights' values are wgrad's, in its order
+        shape = tuple(step.shapes[op.weight])
+        kept = np.zeros(int(np.prod(shape)), dtype=bool)
+        kept[np.asarray(op.nonzeros, dtype=np.int64)] = True
+        step.grads[op.weight] = np.where(kept.reshape(shape), step.grads[op.weight], np.float32(0))
 
     def _relu(self, step: _Step, op: Relu) -> None:
         step.acts[op.data] = kernels.relu(step.acts[op.data])

@@ -100,9 +100,6 @@ def _spgemm_k(w, x, bias, has_bias, starts, cols, height, out, ftz):
     for o in range(n_out):
         part[:] = _ZERO
         start = (o % height + 1) % height
-        if has_bias:
-            for t in range(tokens):
-                part[start, t] = _fl(part[start, t] + bias[o], ftz)
         for n in range(starts[o], starts[o + 1]):
             k = cols[n]
             i = k % height
@@ -111,6 +108,8 @@ def _spgemm_k(w, x, bias, has_bias, starts, cols, height, out, ftz):
                 part[i, t] = _fl(part[i, t] + _fl(wk * x[k, t], ftz), ftz)
         for t in range(tokens):
             y = part[start, t]
+            if has_bias:
+                y = _fl(y + bias[o], ftz)
             for q in range(1, height):
                 y = _fl(y + part[(start + q) % height, t], ftz)
             out[o, t] = y
