@@ -325,5 +325,8 @@ def load_checked(device, config: FabricConfig, routes, what: str, **kwargs) -> P
     that can deadlock is never loaded."""
     routes = list(routes)
     proof = check_routes(config, routes, what=what, **kwargs)
+    remapped = getattr(device, "check_remapped", None)
+    if remapped is not None:        # a logical mesh on a defective one (wse.sim.defects): its physical routes too
+        remapped(routes, what=what, **kwargs)
     device.load_routes(routes)
     return proof

@@ -1,0 +1,69 @@
+"""``wse train --defects``: the usable mesh of a defective fabric and the runtime backend around it.
+
+The model is compiled for the usable logical mesh that the dead parts of
+``--mesh`` leave (:func:`wse.sim.defects.plan_remap`). On a device backend
+(``golden``, ``vector``, ``verilator``, ``icarus``) the run drives the
+physical mesh through a :class:`~wse.sim.defects.DefectDevice`, registered
+as a device and a runtime backend of its own name (:func:`runtime_backend`);
+the functional backends compute the logical executable's bits, which are
+the physical mesh's (``docs/faults.md`` section 4), and say so.
+"""
+
+from __future__ import annotations
+
+from wse.config import FabricConfig
+
+__all__ = ["remap_of", "usable_fabric", "runtime_backend", "defects_text"]
+
+
+def remap_of(settings):
+    """The :class:`~wse.sim.defects.Remap` of a run's ``--defects`` on its mesh, or None for a perfect mesh."""
+    if settings.defects is None:
+        return None
+    from wse.sim.defects import parse_defects, plan_remap
+
+    return plan_remap(parse_defects(settings.defects, *settings.mesh_shape))
+
+
+def usable_fabric(settings) -> FabricConfig:
+    """The fabric the run's model is compiled for: the usable mesh of its defects, or the whole mesh."""
+    remap = remap_of(settings)
+    width, height = (remap.width, remap.height) if remap is not None else settings.mesh_shape
+    return FabricConfig(width=width, height=height)
+
+
+def runtime_backend(settings) -> str:
+    """The runtime backend name of a run: ``settings.backend``, or for a
+    device backend with defects a registered name whose device is the
+    physical mesh behind a :class:`~wse.sim.defects.DefectDevice`."""
+    from wse.sim.devices import DEVICES, make_device, register_device
+
+    remap = remap_of(settings)
+    if remap is None or settings.backend not in DEVICES:
+        return settings.backend
+    from wse.host.runtime import BACKENDS, register_backend
+    from wse.host.runtime.rtl import device_backend
+    from wse.sim.defects import defect_factory
+
+    name = f"{settings.backend} with defects {settings.defects} on {settings.mesh}"
+    if name not in BACKENDS:
+        physical = settings.backend
+        register_device(name, defect_factory(lambda config: make_device(physical, config), remap),
+                        f"{DEVICES[physical].summary}, the usable mesh around {settings.defects}")
+        register_backend(name, device_backend(name))
+    return name
+
+
+def defects_text(settings) -> str:
+    """Lines for the plan and the summary: the defects, the usable mesh, and how the backend treats them
+    (empty for a perfect mesh)."""
+    remap = remap_of(settings)
+    if remap is None:
+        return ""
+    from wse.sim.devices import DEVICES
+
+    how = ("the physical mesh runs the logical routes with pass-through routes in the spare rows and columns"
+           if settings.backend in DEVICES else
+           f"the {settings.backend} backend computes the usable mesh's executable, whose bits the defective "
+           "mesh gives too")
+    return f"{remap.describe()}\n{how}"
