@@ -12,7 +12,7 @@ Command line::
     wse kernel NAME [--mesh WxH] [--seed S] [--rows R --cols C] [--n N]
                     [--variant row|column|random|power] [--sparsity S] [--sram-words K] [--backend B] [--json]
                     [--trace FILE.json] [--trace-region X,Y,W,H] [--trace-queue X,Y ...]
-                    [--pictures DIR] [--inject SPEC ...]
+                    [--pictures DIR] [--inject SPEC ...] [--defects SPEC]
 
 ``--trace`` writes a Perfetto timeline of the run (golden model) and
 ``--pictures`` its heatmaps (``docs/pictures.md``). ``--inject`` flips
@@ -22,12 +22,17 @@ bits (0..31 data, 32..38 check bits) of one word, ``random:N,SEED`` one random
 bit in each of ``N`` random non-zero words (the program and its data),
 ``dead:X,Y`` kills a PE and ``dead:X,Y,PORT`` the link leaving router
 ``(X, Y)`` through ``PORT`` (golden model only); the report then has the
-memory ECC counters (``ecc``).
+memory ECC counters (``ecc``). ``--defects SPEC`` runs the kernel on the
+usable logical mesh that the dead parts of the ``--mesh`` leave
+(:mod:`wse.sim.defects`, ``docs/faults.md`` section 4): ``random:FRACTION,SEED``,
+``X,Y[,PORT][;...]`` or a file of such lines; the summary names the defects
+and the usable mesh, and the kernel's sizes default for that mesh.
 
 Prints a short summary, or with ``--json`` the report of :func:`run_kernel`
 as one JSON object. On a device other than ``golden`` (``verilator``,
 ``icarus``) the report also has ``golden_cycles``, the golden model's cycles
-for the same run. Exit code 0 when the result is bit exact, 1 when it is not,
+for the same run, on meshes of at most :data:`GOLDEN_CHECK_PES` PEs (the golden
+model would take hours on a wafer-sized one). Exit code 0 when the result is bit exact, 1 when it is not,
 2 for a mistake in the arguments.
 """
 
@@ -46,9 +51,13 @@ from wse.config import FabricConfig, UsageError, parse_mesh
 from wse.firmware.kernels import KERNELS, Kernel, get_kernel
 
 from .api import Device
+from .defects import defect_factory, parse_defects, plan_remap
 from .devices import device_names, make_device
 
-__all__ = ["run_kernel", "run", "main"]
+__all__ = ["run_kernel", "run", "main", "GOLDEN_CHECK_PES"]
+
+#: The largest mesh (in PEs) on which ``wse kernel`` reruns a kernel on the golden model for ``golden_cycles``.
+GOLDEN_CHECK_PES = 64 * 64
 
 
 def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "golden",
@@ -77,6 +86,7 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
     with np.errstate(invalid="ignore"):
         err = float(np.max(np.abs(values - exact))) if values.size else 0.0
     fmac = np.asarray(fabric.counters()["pe"]["fmac"], dtype=np.float64)
+    flops = np.asarray(fabric.counters()["pe"]["flops"], dtype=np.float64)
     per_pe = fmac / cycles if cycles else np.zeros_like(fmac)
     return {
         "kernel": kernel.name,
@@ -91,6 +101,8 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
         "cycles": int(cycles),
         "fmac_elements": int(fmac.sum()),
         "fmac_utilization": float(per_pe.mean()) if per_pe.size else 0.0,
+        "fpu_elements": int(flops.sum()),
+        "fpu_utilization": float(flops.sum() / (flops.size * cycles)) if cycles and flops.size else 0.0,
         "utilization": [[round(float(u), 6) for u in row] for row in per_pe],
         "seconds": round(seconds, 3),
         **pictures,
@@ -221,7 +233,8 @@ def run_kernel(name: str, config: FabricConfig, seed: int = 0, backend: str = "g
         ``seed``, ``bit_exact`` (the device's bits equal the reference's),
         ``mismatches`` (result words that differ), ``words`` (result words), ``max_abs_err_vs_float64``,
         ``cycles``, ``fmac_elements``, ``fmac_utilization`` (fmac elements
-        / (PEs x cycles)), ``utilization`` (per PE, ``[height][width]``) and
+        / (PEs x cycles)), ``fpu_elements`` and ``fpu_utilization`` (elements of
+        every binary32 vector instruction, the same way), ``utilization`` (fmac, per PE, ``[height][width]``) and
         ``seconds`` (host time of the device run).
 
     Raises
@@ -248,11 +261,13 @@ def _parser() -> _Parser:
     parser.add_argument("--list", action="store_true", help="list the kernels and exit")
     parser.add_argument("--mesh", default="4x4", help="mesh shape WIDTHxHEIGHT (default 4x4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument("--rows", type=int, help="gemv, spgemm, spmv: rows of W")
-    parser.add_argument("--cols", type=int, help="gemv, spgemm, spmv: columns of W")
-    parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce); tokens (spgemm)")
+    parser.add_argument("--rows", type=int, help="gemv, spgemm, spmv: rows of W; gelu, layernorm: tokens")
+    parser.add_argument("--cols", type=int, help="gemv, spgemm, spmv: columns of W; gelu, layernorm: features")
+    parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce); tokens (spgemm); "
+                        "the context T (softmax)")
     parser.add_argument("--variant", help="broadcast, reduce: row or column (default row); spgemm, spmv: random or "
-                        "power (the mask's distribution)")
+                        "power (the mask's distribution); gelu: none, tanh, backward-none, backward-tanh; "
+                        "softmax: forward or backward")
     parser.add_argument("--sparsity", type=float, help="spgemm, spmv: fraction of zero weights, in [0, 1)")
     parser.add_argument("--sram-words", type=int, help="PE data memory in words (default from the configuration)")
     parser.add_argument("--backend", default="golden",
@@ -263,6 +278,8 @@ def _parser() -> _Parser:
     parser.add_argument("--trace-queue", action="append", default=[],
                         help="X,Y: a router whose FIFO occupancy the timeline shows (repeatable)")
     parser.add_argument("--pictures", help="write heatmaps (FMAC utilization, stalls, links) into this folder")
+    parser.add_argument("--defects", help="dead PEs and links of the --mesh (random:FRACTION,SEED, X,Y[,PORT][;...] "
+                        "or a file): run on the usable mesh around them, spare rows and columns given up")
     parser.add_argument("--inject", action="append", default=[],
                         help="before the run, flip stored memory bits (sram:X,Y,ADDR,BIT[,BIT...] or random:N,SEED) "
                         "or kill a PE or link (dead:X,Y[,PORT], golden); repeatable; prints the memory ECC counters")
@@ -306,8 +323,10 @@ def _summary(report: dict) -> str:
     return (f"{report['kernel']} {kernel.describe(report['sizes'])} on a {report['mesh']} mesh "
             f"({report['backend']}, seed {report['seed']}): {verdict}\n"
             f"  max |error| vs float64 {report['max_abs_err_vs_float64']:.3g}, "
-            f"{report['cycles']} cycles{golden}, fmac utilization {report['fmac_utilization']:.3f} "
-            f"({report['seconds']:.2f} s)" + _ecc_summary(report))
+            f"{report['cycles']} cycles{golden}, fmac utilization {report['fmac_utilization']:.3f}, "
+            f"fpu utilization {report['fpu_utilization']:.3f} "
+            f"({report['seconds']:.2f} s)" + _ecc_summary(report)
+            + (f"\n  {report['defects'].replace(chr(10), chr(10) + '  ')}" if "defects" in report else ""))
 
 
 def _ecc_summary(report: dict) -> str:
@@ -351,9 +370,19 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--backend must be one of {', '.join(device_names())}, not {args.backend!r}")
     look = _look(args)
     inject = [parse_inject(spec) for spec in args.inject]
-    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, look=look, inject=inject, **sizes)
-    if args.backend != "golden":
-        report["golden_cycles"] = run_kernel(kernel.name, config, args.seed, **sizes)["cycles"]
+    device, golden, remap = None, None, None
+    if args.defects is not None:
+        remap = plan_remap(parse_defects(args.defects, width, height))
+        config = config.replace(width=remap.width, height=remap.height)
+        device = defect_factory(lambda cfg: make_device(args.backend, cfg), remap)
+        golden = defect_factory(lambda cfg: make_device("golden", cfg), remap)
+    report = run_kernel(kernel.name, config, args.seed, backend=args.backend, device=device, look=look,
+                        inject=inject, **sizes)
+    if args.backend != "golden" and width * height <= GOLDEN_CHECK_PES:
+        report["golden_cycles"] = run_kernel(kernel.name, config, args.seed, device=golden, **sizes)["cycles"]
+    if remap is not None:
+        report["physical_mesh"] = f"{width}x{height}"
+        report["defects"] = remap.describe()
     print(json.dumps(report) if args.json else _summary(report))
     if not args.json:
         for name, path in ({"timeline": report.get("trace")} | report.get("pictures", {})).items():

@@ -60,7 +60,8 @@ def test_kernel_is_bit_exact(name, sizes, mesh):
 def test_random_shapes_are_bit_exact(name, width, height, a, b, variant, seed):
     sizes = {"gemv": dict(rows=a, cols=b), "axpy": dict(n=a * b), "dot": dict(n=a * b),
              "broadcast": dict(n=a, variant=variant), "reduce": dict(n=a, variant=variant),
-             "spgemm": dict(rows=a, cols=b, n=1 + b % 8, sparsity=0.5), "spmv": dict(rows=a, cols=b, sparsity=0.5)}[name]
+             "spgemm": dict(rows=a, cols=b, n=1 + b % 8, sparsity=0.5), "spmv": dict(rows=a, cols=b, sparsity=0.5),
+             "gelu": dict(rows=a, cols=b), "softmax": dict(n=a), "layernorm": dict(rows=a, cols=b)}[name]
     assert run_kernel(name, config(width, height), seed=seed, **sizes)["bit_exact"]
 
 

@@ -16,6 +16,9 @@ either bit exact or wrong. A kernel drives any device through the host API
 ``reduce``     sum the vectors of every row or column (:mod:`.lines`)
 ``spgemm``     Y = W X, W sparse: only non-zeros streamed, index-tagged (:mod:`.spgemm`)
 ``spmv``       y = W x, the one-token ``spgemm``
+``gelu``       GELU of tokens x features, forward or backward, erf or tanh form (:mod:`.gelu`)
+``softmax``    causal softmax of one head's scores, forward or backward (:mod:`.softmax`)
+``layernorm``  LayerNorm forward of tokens x features (:mod:`.layernorm`)
 =============  ================================================================
 """
 
@@ -29,11 +32,14 @@ from .axpy import Axpy
 from .dot import Dot
 from .lines import Broadcast, Reduce
 from .spgemm import Spgemm, Spmv
+from .gelu import Gelu
+from .softmax import Softmax
+from .layernorm import LayerNorm
 
 __all__ = ["KERNELS", "Kernel", "get_kernel"]
 
 #: Every library kernel by name.
-KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv())}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv(), Gelu(), Softmax(), LayerNorm())}
 
 
 def get_kernel(name: str) -> Kernel:

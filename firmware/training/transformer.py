@@ -31,8 +31,9 @@ from wse import numerics as fp
 from .numerics import exp, reciprocal, softmax_delta
 from .transcendental import const, erf, neg, rsqrt, tanh
 
-__all__ = ["GELU_MODES", "accumulate", "outer_sum", "linear", "linear_input_grad", "linear_weight_grad", "token_sum", "feature_sum",
-           "layernorm", "layernorm_backward", "gelu", "gelu_backward", "attention", "attention_backward",
+__all__ = ["GELU_MODES", "GELU_CONSTANTS", "accumulate", "outer_sum", "linear", "linear_input_grad", "linear_weight_grad", "token_sum", "feature_sum",
+           "layernorm", "layernorm_backward", "gelu", "gelu_backward", "attention", "attention_backward", "causal_softmax",
+           "causal_softmax_backward",
            "embedding", "embedding_rows_grad", "embedding_backward", "residual", "sequence_cross_entropy_delta", "bits", "floats"]
 
 _ZERO, _NZERO, _ONE, _HALF = 0x00000000, 0x80000000, 0x3F800000, 0x3F000000
@@ -44,6 +45,11 @@ _GELU_3C = 0x3E095D4F            # binary32(3 * 0.044715)
 
 #: GELU forms, as ``nn.GELU(approximate=...)`` names them.
 GELU_MODES = ("none", "tanh")
+
+#: The GELUs' binary32 constants (bit patterns) by the names the PE programs use
+#: (``firmware/kernels/gelu.s``).
+GELU_CONSTANTS = {"GELU_SQRT1_2": _SQRT1_2, "GELU_INV_SQRT_2PI": _INV_SQRT_2PI, "GELU_SQRT_2_PI": _SQRT_2_PI,
+                  "GELU_C": _GELU_C, "GELU_3C": _GELU_3C}
 
 
 def bits(values) -> np.ndarray:
@@ -320,6 +326,20 @@ def attention(q, k, v, scale: float) -> tuple[np.ndarray, dict]:
     q, k, v = _u32(q), _u32(k), _u32(v)
     seqs, t_len, dh = q.shape
     scores = fp.vmul(_masked_product(q, np.swapaxes(k, 1, 2)), const(fp.f2b(scale)))
+    p = causal_softmax(scores)
+    return _masked_product(p, v), {"p": p}
+
+
+def causal_softmax(scores) -> np.ndarray:
+    """The causal softmax of ``scores`` ``[S, T, T]`` (query, key) over keys ``j <= i``;
+    ``p`` is ``+0`` above the diagonal::
+
+        m = s[i, 0]; m = max(m, s[i, j]) for j = 1 .. i
+        e = exp(sub(s[i, j], m));  Z = e[i, 0]; Z = add(Z, e[i, j]) for j = 1 .. i
+        p = mul(e, reciprocal(Z))
+    """
+    scores = _u32(scores)
+    t_len = scores.shape[-1]
     causal = np.tril(np.ones((t_len, t_len), dtype=bool))
     m = scores[:, :, 0].copy()
     for j in range(1, t_len):
@@ -329,8 +349,23 @@ def attention(q, k, v, scale: float) -> tuple[np.ndarray, dict]:
     # Z starts at e[i, 0] > 0 (not +0) and the masked terms are +0 (exact no-ops), so
     # accumulate's +0 start and the masked tail leave Z's bits as written.
     z = accumulate(e, -1)
-    p = np.where(causal[None], fp.vmul(e, reciprocal(z)[:, :, None]), _ZERO).astype(np.uint32)
-    return _masked_product(p, v), {"p": p}
+    return np.where(causal[None], fp.vmul(e, reciprocal(z)[:, :, None]), _ZERO).astype(np.uint32)
+
+
+def causal_softmax_backward(p, dp, scale: float) -> np.ndarray:
+    """``ds`` of :func:`causal_softmax` followed by the scores' ``scale``, from ``p``
+    and ``dp`` ``[S, T, T]`` (``dp`` above the diagonal is ignored; ``ds`` there is ``+0``)::
+
+        r[i]     = +0 + mul(p[i, j], dp[i, j]) ...              j = 0 .. i
+        ds[i, j] = mul(mul(p[i, j], sub(dp[i, j], r[i])), scale)
+    """
+    p, dp = _u32(p), _u32(dp)
+    t_len = p.shape[-1]
+    causal = np.tril(np.ones((t_len, t_len), dtype=bool))
+    dp = np.where(causal[None], dp, _ZERO).astype(np.uint32)
+    r = accumulate(fp.vmul(p, dp), -1)
+    ds = fp.vmul(fp.vmul(p, fp.vsub(dp, r[:, :, None])), const(fp.f2b(scale)))
+    return np.where(causal[None], ds, _ZERO).astype(np.uint32)
 
 
 def _masked_product(a, b) -> np.ndarray:
@@ -355,13 +390,8 @@ def attention_backward(dout, q, k, v, saved: dict, scale: float) -> tuple[np.nda
     """
     dout, q, k, v = _u32(dout), _u32(q), _u32(k), _u32(v)
     p = saved["p"]
-    seqs, t_len, dh = q.shape
-    causal = np.tril(np.ones((t_len, t_len), dtype=bool))
     dp = _masked_product(dout, np.swapaxes(v, 1, 2))
-    dp = np.where(causal[None], dp, _ZERO).astype(np.uint32)
-    r = accumulate(fp.vmul(p, dp), -1)
-    ds = fp.vmul(fp.vmul(p, fp.vsub(dp, r[:, :, None])), const(fp.f2b(scale)))
-    ds = np.where(causal[None], ds, _ZERO).astype(np.uint32)
+    ds = causal_softmax_backward(p, dp, scale)
     dq = _masked_product(ds, k)
     dk = _masked_product(np.swapaxes(ds, 1, 2), q)
     dv = _masked_product(np.swapaxes(p, 1, 2), dout)
