@@ -12,8 +12,19 @@ PyTorch step, the simulated fabric cycles per step and the FMAC utilization
 of the streamed GEMMs (as the runtime reports them), and last a summary with
 the targets (ratio <= 10, utilization >= 0.85).
 
+With ``--backends`` it compares runtime backends instead (no PyTorch side, no
+optimizer): ``Runtime.train_step`` on the same batches and weights for each
+named backend (e.g. ``functional functional-torch-cpu functional-torch-cuda``;
+a CUDA backend is left out where torch finds no CUDA device), for FC-MNIST and
+a wide MLP (``--models``: ``fc_mnist`` 784-256-256-10, ``wide``
+2048-2048-2048-10), compiled without the static cycle model. Prints per
+model and backend the median step time, the ratio to the first backend's and
+whether logits and gradients are the first backend's bit for bit.
+
 Usage: python bench/train_speed.py [--mesh 16x16] [--batch 64] [--steps 20] [--rounds 3] [--warmup 3]
        [--backend functional]
+       python bench/train_speed.py --backends functional functional-torch-cpu [functional-torch-cuda]
+       [--models fc_mnist wide] [--steps 3] [--torch-threads 1]
 """
 
 from __future__ import annotations
@@ -36,6 +47,69 @@ TARGET_RATIO = 10.0
 TARGET_UTILIZATION = 0.85
 
 
+#: Models of ``--backends``: layer sizes.
+MODELS = {"fc_mnist": (784, 256, 256, 10), "wide": (2048, 2048, 2048, 10)}
+
+
+def _mlp(sizes):
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
+    return torch.nn.Sequential(*layers)
+
+
+def compare_backends(args) -> int:
+    """``--backends``: the median ``Runtime.train_step`` time of each backend per model (JSON lines)."""
+    import numpy as np
+
+    from wse.config import FabricConfig, parse_mesh
+    from wse.host.compiler import compile_model
+    from wse.host.runtime import Runtime
+
+    backends = [b for b in args.backends if not b.endswith("-cuda") or torch.cuda.is_available()]
+    torch.set_num_threads(args.torch_threads)
+    try:
+        width, height = parse_mesh(args.mesh)
+    except UsageError as exc:
+        print(f"train_speed: {exc}", file=sys.stderr)
+        return 2
+    for model_name in args.models:
+        sizes = MODELS[model_name]
+        torch.manual_seed(0)
+        model = _mlp(sizes)
+        exe = compile_model(model, torch.randn(args.batch, sizes[0]), config=FabricConfig(width=width, height=height),
+                            batch=args.batch, cycles=False)
+        weights = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+        rng = np.random.default_rng(0)
+        data = [(rng.standard_normal((args.batch, sizes[0])).astype(np.float32), rng.integers(0, sizes[-1], args.batch))
+                for _ in range(args.steps)]
+        first = None
+        common = {"bench": "train_speed", "model": model_name, "sizes": list(sizes), "mesh": args.mesh,
+                  "batch": args.batch, "steps": args.steps, "torch_threads": args.torch_threads}
+        for backend in backends:
+            try:
+                runtime = Runtime(exe, backend)
+            except UsageError as exc:
+                print(f"train_speed: {exc}", file=sys.stderr)
+                return 2
+            runtime.train_step(*data[0], weights)              # warm-up: compiled loops, device start
+            times, results = [], []
+            for x, y in data:
+                start = time.perf_counter()
+                results.append(runtime.train_step(x, y, weights))
+                times.append(time.perf_counter() - start)
+            median = statistics.median(times)
+            if first is None:
+                first = (backend, median, results)
+            same = all(np.array_equal(a.logits.view(np.uint32), b.logits.view(np.uint32)) and a.loss == b.loss
+                       and all(np.array_equal(a.grads[n].view(np.uint32), b.grads[n].view(np.uint32)) for n in a.grads)
+                       for a, b in zip(first[2], results))
+            print(json.dumps({**common, "backend": backend, "step_s": round(median, 6),
+                              "min_step_s": round(min(times), 6), f"ratio_to_{first[0]}": round(median / first[1], 3),
+                              "same_bits": same, "what": "Runtime.train_step (forward, backward, gradients)"}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", default=str(EXAMPLE), help="job file (default examples/fc_mnist.py)")
@@ -46,10 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps on each side first")
     parser.add_argument("--backend", default="functional")
     parser.add_argument("--dataset", default=None)
+    parser.add_argument("--backends", nargs="+", default=None, help="compare these runtime backends instead")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
+                        help="models of --backends (default: all)")
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch threads with --backends (default 1)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         print("train_speed: --steps and --rounds must be positive and --warmup non-negative", file=sys.stderr)
         return 2
+    if args.backends:
+        return compare_backends(args)
     with tempfile.TemporaryDirectory() as scratch:
         try:
             # prepare() compiles and loads everything but writes nothing; the folder is never created.

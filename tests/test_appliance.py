@@ -492,7 +492,8 @@ def test_real_fabric_errors_exit_2_before_writing(tmp_path, capsys):
     assert err.startswith("wse train: ") and "use a smaller batch or a wider mesh" in err and err.count("\n") == 1
     assert main([*base, "--dataset", "digits", "--mesh", "4x4", "--batch", "32", "--backend", "fpga"]) == 2
     err = capsys.readouterr().err
-    assert "backend must be one of functional, golden, icarus, vector, verilator, not 'fpga'" in err and err.count("\n") == 1
+    assert ("backend must be one of functional, functional-torch, functional-torch-cpu, functional-torch-cuda, "
+            "golden, icarus, vector, verilator, not 'fpga'") in err and err.count("\n") == 1
     job = write(tmp_path, BAD_JOBS["unsupported"][0])
     assert main([str(job), "--out", str(out), "--mesh", "4x4", "--batch", "32"]) == 2
     err = capsys.readouterr().err

@@ -343,7 +343,8 @@ def test_one_registry_of_device_names():
 
     assert device_names() == ("golden", "vector", "verilator", "icarus")
     assert all(entry.summary for entry in DEVICES.values())
-    assert set(BACKENDS) == {"functional", *device_names()}
+    assert set(BACKENDS) == {"functional", "functional-torch", "functional-torch-cpu", "functional-torch-cuda",
+                             *device_names()}
     assert isinstance(make_device("golden", _mesh("2x2")), Fabric)
     with pytest.raises(UsageError, match="backend must be one of golden, icarus, vector, verilator, not 'fpga'"):
         make_device("fpga", _mesh("2x2"))

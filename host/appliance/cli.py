@@ -61,10 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run folder (default: runs/<job name>, or runs/<job name>-N "
                                                   "if that one is taken)")
-    run.add_argument("--backend", help="runtime backend: functional, golden (the golden fabric model), vector (the "
+    run.add_argument("--backend", help="runtime backend: functional, functional-torch (the same bits on torch: CUDA "
+                                       "where present, else the CPU; functional-torch-cpu, functional-torch-cuda "
+                                       "pick one), golden (the golden fabric model), vector (the "
                                        "vectorized fabric model, the golden model's bits and cycles), verilator or "
                                        f"icarus (the RTL; slow, for cross-checks) (default {DEFAULT_BACKEND})")
     run.add_argument("--mesh", metavar="WxH", help=f"fabric mesh (default {DEFAULT_MESH})")
+    run.add_argument("--defects", metavar="SPEC", help="dead PEs and links of the mesh: random:FRACTION,SEED, "
+                     "X,Y[,PORT][;...] or a file of such lines; the run trains on the usable mesh around them")
     run.add_argument("--mode", metavar="MODE", help="execution mode: auto (default: pipelined when the model, "
                      "its optimizer state and the in-flight samples fit PE memory), pipelined, weight-streaming")
     run.add_argument("--systems", type=int, metavar="N",
@@ -84,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--lr", type=float, help="learning rate")
     optim.add_argument("--momentum", type=float, help="SGD momentum")
     optim.add_argument("--weight-decay", type=float, help="weight decay (PyTorch meaning per optimizer)")
+    optim.add_argument("--sparsity", type=float, metavar="S",
+                       help="static unstructured weight sparsity in [0, 1) of every Linear layer (weight "
+                            "streaming; only the non-zeros stream; default: the job file's SPARSITY, else dense)")
     optim.add_argument("--memoryx-budget", metavar="SIZE",
                        help="RAM for weights and optimizer state per system, e.g. 64K, 10MiB, 2GB; "
                             "the rest lives memory-mapped on disk (default: no limit)")
@@ -116,7 +123,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         memoryx_budget=args.memoryx_budget, swarmx_timeout=args.swarmx_timeout,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         progress=args.progress, log_every=args.log_every, tensorboard=args.tensorboard, eval_train=args.eval_train,
-        trace=args.trace)
+        trace=args.trace, sparsity=args.sparsity, defects=args.defects)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,4 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if summary is not None:             # None: a system other than 0 under torchrun
         print(summary.describe())
+        if args.defects is not None:
+            from .defects import defects_text
+            from .options import Settings
+            print("  " + defects_text(Settings.from_dict(summary.data["settings"])).replace("\n", "\n  "))
     return 0

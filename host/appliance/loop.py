@@ -118,7 +118,7 @@ def _eval_runtime(p: Prepared, progress: Progress):
     """The runtime that evaluates: the run's own, or for a cycle-level backend (the golden model,
     the RTL) the functional backend, which computes the same logits bit for bit in a fraction
     of the time (said in one line)."""
-    if p.settings.backend == "functional":
+    if p.settings.backend == "functional" or p.settings.backend.startswith("functional-torch"):
         return p.runtime
     from . import preparation      # the one factory of runtimes (its module attribute, as tests replace it)
 

@@ -21,7 +21,7 @@ from wse.host.memoryx import OptimizerConfig, parse_size
 
 from .job import DATASETS, Job
 
-__all__ = ["TrainConfig", "Settings", "resolve_settings", "PROGRESS_MODES", "DEFAULT_MESH", "DEFAULT_BACKEND",
+__all__ = ["TrainConfig", "Settings", "resolve_settings", "sparsity_settings", "PROGRESS_MODES", "DEFAULT_MESH", "DEFAULT_BACKEND",
            "MODES", "compiler_mode"]
 
 DEFAULT_MESH = "16x16"
@@ -116,6 +116,14 @@ class TrainConfig:
     trace : path, optional
         Write the Perfetto timeline of step 1 here (``--backend golden``
         only: the other backends record no per-PE events).
+    sparsity : float, optional
+        Static unstructured weight sparsity in ``[0, 1)`` of every Linear
+        layer (over the job file's ``SPARSITY``; weight streaming only).
+    defects : str, optional
+        ``--defects``: dead PEs and links of the mesh (``random:FRACTION,SEED``,
+        ``X,Y[,PORT][;...]`` or a file; :func:`wse.sim.defects.parse_defects`);
+        the model is compiled for the usable mesh they leave and runs around
+        them on a device backend (``docs/faults.md`` section 4).
     """
 
     example: str | os.PathLike
@@ -145,6 +153,8 @@ class TrainConfig:
     tensorboard: bool = True
     eval_train: bool = True
     trace: str | os.PathLike | None = None
+    sparsity: float | None = None
+    defects: str | None = None
 
     def check(self) -> None:
         """Check each field on its own; raises :class:`UsageError` naming the option."""
@@ -188,6 +198,12 @@ class TrainConfig:
             raise UsageError(f"--mnist-dir {str(self.mnist_dir)!r} must be a folder of MNIST IDX files")
         if self.trace is not None:
             self._check_trace()
+        if self.sparsity is not None:
+            from wse.host.compiler.sparse import check_sparsity
+            check_sparsity(self.sparsity, "--sparsity")
+        if self.defects is not None and not self.resume:   # a resumed run's mesh is the recorded one
+            from wse.sim.defects import parse_defects, plan_remap
+            plan_remap(parse_defects(self.defects, *parse_mesh(self.mesh or DEFAULT_MESH)))
 
     def _check_trace(self) -> None:
         """``--trace FILE``: a fresh run on the golden backend, and a file name in an existing folder."""
@@ -233,6 +249,11 @@ class Settings:
     max_steps : int or None
     optimizer : dict
         :meth:`OptimizerConfig.to_dict` form.
+    sparsity : dict or None
+        ``{"sparsity", "method", "seed", "layers"}`` (:func:`sparsity_settings`), None: dense.
+    defects : str or None
+        ``--defects``: the dead parts of the ``mesh`` (:func:`wse.sim.defects.parse_defects`);
+        the run trains on the usable mesh they leave. None: a perfect mesh.
     """
 
     example: str
@@ -248,6 +269,8 @@ class Settings:
     seed: int
     systems: int
     mode: str = _LEGACY_MODE
+    sparsity: dict | None = None
+    defects: str | None = None
 
     #: Fields a resumed run may change: they do not alter any step already taken, nor the bits of
     #: the steps to come (N systems compute one system's bits, ``docs/swarmx.md``).
@@ -261,6 +284,10 @@ class Settings:
         names = {f.name for f in dataclasses.fields(cls)}
         if isinstance(data, Mapping) and "mode" not in data:      # recorded before --mode: weight streaming
             data = {**data, "mode": _LEGACY_MODE}
+        if isinstance(data, Mapping) and "sparsity" not in data:  # recorded before sparsity: dense
+            data = {**data, "sparsity": None}
+        if isinstance(data, Mapping) and "defects" not in data:   # recorded before defect maps: a perfect mesh
+            data = {**data, "defects": None}
         if not isinstance(data, Mapping) or set(data) != names:
             raise UsageError(f"run settings must have the keys {sorted(names)}, not {data!r}")
         return cls(**data)
@@ -311,13 +338,16 @@ def resolve_settings(config: TrainConfig, job: Job, saved: Settings | None = Non
             batch=config.batch or job.batch, epochs=config.epochs or job.epochs,
             max_steps=config.max_steps, optimizer=_optimizer(job.optimizer, config).to_dict(),
             seed=0 if config.seed is None else int(config.seed), systems=config.systems or 1,
-            mode=config.mode or "auto")
+            mode=config.mode or "auto", sparsity=sparsity_settings(job.sparsity, config.sparsity),
+            defects=config.defects)
     given = {
         "dataset": config.dataset, "mnist_dir": mnist_dir,
         "mesh": "x".join(map(str, parse_mesh(config.mesh))) if config.mesh else None,
         "batch": config.batch, "seed": config.seed,
         "optimizer": _optimizer(saved.optimizer, config).to_dict(),
         "mode": None if config.mode == "auto" else config.mode,     # the run's mode is the one auto chose
+        "sparsity": None if config.sparsity is None else sparsity_settings(saved.sparsity, config.sparsity),
+        "defects": config.defects,
     }
     for name, value in given.items():
         if value is not None and value != getattr(saved, name):
@@ -328,6 +358,41 @@ def resolve_settings(config: TrainConfig, job: Job, saved: Settings | None = Non
     return dataclasses.replace(saved, example=str(job.path), example_sha256=job.sha256,
                                backend=config.backend or saved.backend, epochs=config.epochs or saved.epochs,
                                max_steps=config.max_steps, systems=config.systems or saved.systems)
+
+
+def sparsity_settings(job: Mapping[str, Any] | None, sparsity: float | None) -> dict | None:
+    """The run's sparsity settings: a job file's ``SPARSITY`` (or a run's recorded
+    settings) with ``--sparsity`` over its global level; None: dense.
+
+    Raises
+    ------
+    UsageError
+        For a sparsity outside ``[0, 1)``, an unknown method, a non-integer seed
+        or a bad ``layers`` entry.
+    """
+    from wse.host.compiler.sparse import MASK_KINDS, check_sparsity
+
+    if job is None and sparsity is None:
+        return None
+    base = dict(job or {})
+    unknown = sorted(set(base) - {"sparsity", "method", "seed", "layers"})
+    if unknown:
+        raise UsageError(f"SPARSITY has unknown keys {unknown}; it takes sparsity, method, seed and layers")
+    level = check_sparsity(base.get("sparsity", 0.0) if sparsity is None else sparsity,
+                           "--sparsity" if sparsity is not None else "SPARSITY's sparsity")
+    method = base.get("method", "magnitude")
+    if method not in MASK_KINDS:
+        raise UsageError(f"SPARSITY's method must be one of {', '.join(MASK_KINDS)}, not {method!r}")
+    seed = base.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise UsageError(f"SPARSITY's seed must be an integer, not {seed!r}")
+    layers = base.get("layers") or {}
+    if not isinstance(layers, Mapping):
+        raise UsageError(f"SPARSITY's layers must map weight names to sparsities, not {layers!r}")
+    layers = {str(name): check_sparsity(value, f"the sparsity of {name}") for name, value in layers.items()}
+    if level == 0 and not any(layers.values()):
+        return None
+    return {"sparsity": level, "method": method, "seed": seed, "layers": layers}
 
 
 def _show(value: Any) -> str:

@@ -22,6 +22,7 @@ from wse.host.data import Batches
 from wse.host.memoryx import MemoryX
 
 from .checkpoint import latest_checkpoint, load_checkpoint
+from .defects import defects_text, runtime_backend, usable_fabric
 from .folder import RunLock, check_tier_space, choose_run_folder, start_run_folder
 from .job import Job, load_dataset, load_job
 from .options import Settings, TrainConfig, compiler_mode, resolve_settings
@@ -42,7 +43,8 @@ def _compile(model: torch.nn.Module, example_input: torch.Tensor, fabric: Fabric
 def plan_text(executable: Any, settings: Settings) -> str:
     """The plan a person reads: the mode asked for and chosen, why, and the layout and memory per PE."""
     head = f"mode: {executable.mode}"
-    return "\n".join([head] + executable.summary().splitlines()) + "\n"
+    defects = defects_text(settings)
+    return "\n".join([head] + (defects.splitlines() if defects else []) + executable.summary().splitlines()) + "\n"
 
 
 def _open_runtime(executable: Any, backend: str):
@@ -70,6 +72,7 @@ class Prepared:
     trainer: dict | None        # the resumed checkpoint's trainer state
     resumed: Path | None = None     # the checkpoint folder resumed from
     lock: RunLock | None = None     # the run folder's lock while system 0 runs
+    dense_cycles: int | None = None     # a sparse run: the dense executable's step cycles
 
     @property
     def steps_per_epoch(self) -> int:
@@ -82,7 +85,7 @@ class Prepared:
 
     def open_runtime(self):
         """A new runtime of the run's executable on its backend (each system of this process has its own)."""
-        return _open_runtime(self.executable, self.settings.backend)
+        return _open_runtime(self.executable, runtime_backend(self.settings))
 
     def start_folder(self) -> None:
         """Create the run folder (replacing the run it holds with ``--overwrite``) and write the executable
@@ -151,8 +154,7 @@ def prepare(config: TrainConfig) -> Prepared:
         saved = Settings.from_dict(trainer.get("settings"))
     settings = resolve_settings(config, job, saved)
     (x_train, y_train), (x_test, y_test), model = load_run(job, settings)
-    width, height = settings.mesh_shape
-    fabric = FabricConfig(width=width, height=height)
+    fabric = usable_fabric(settings)        # the usable mesh around --defects, else the whole mesh
     if settings.systems > 1 and settings.mode == "pipelined":
         raise UsageError(f"--systems {settings.systems} with --mode pipelined: the layer-pipelined mode keeps "
                          "the weights on one fabric and trains on one system; use --systems 1 or "
@@ -160,8 +162,16 @@ def prepare(config: TrainConfig) -> Prepared:
     mode = settings.mode
     if mode == "auto" and settings.systems > 1:     # the layer-pipelined mode trains on one system
         mode = "weight-streaming"
-    executable = _compile(model, torch.from_numpy(x_train[:settings.batch].copy()), fabric, settings.batch,
-                          mode=mode, optimizer=settings.optimizer_config)
+    if mode == "auto" and settings.backend.startswith("functional-torch"):     # it runs weight streaming only
+        mode = "weight-streaming"
+    masks, dense_cycles = None, None
+    if settings.sparsity is not None:
+        from .sparsity import sparse_compile
+        executable, masks, dense_cycles = sparse_compile(model, torch.from_numpy(x_train[:settings.batch].copy()),
+                                                         fabric, settings, saved_memoryx)
+    else:
+        executable = _compile(model, torch.from_numpy(x_train[:settings.batch].copy()), fabric, settings.batch,
+                              mode=mode, optimizer=settings.optimizer_config)
     # the mode auto chose is the run's: a resumed run keeps it whatever its --systems
     settings = dataclasses.replace(settings, mode=executable.mode.replace("_", "-"))
     if settings.systems > 1 and settings.mode == "pipelined":
@@ -172,6 +182,8 @@ def prepare(config: TrainConfig) -> Prepared:
         state = model.state_dict()
         memoryx = MemoryX.from_state_dict({name: state[name].detach().numpy().copy() for name in params},
                                           settings.optimizer_config, order=list(params))
+        if masks:
+            memoryx.set_masks(masks)
         batches = Batches(x_train, y_train, settings.batch, seed=settings.seed, drop_last=True)
     else:
         held = {name: saved_memoryx.shape(name) for name in saved_memoryx.names()}
@@ -181,11 +193,11 @@ def prepare(config: TrainConfig) -> Prepared:
         memoryx = saved_memoryx
         batches = Batches.from_state(x_train, y_train, trainer["batches"])
     check_tier_space(out, memoryx, config.budget_bytes, settings.systems)
-    runtime = _open_runtime(executable, settings.backend)
+    runtime = _open_runtime(executable, runtime_backend(settings))
     if settings.systems > 1:
         _check_systems(settings, executable, runtime)
     return Prepared(config, settings, job, out, replace_out, (x_train, y_train), (x_test, y_test), model,
-                    executable, runtime, memoryx, batches, trainer, folder)
+                    executable, runtime, memoryx, batches, trainer, folder, dense_cycles=dense_cycles)
 
 
 def _check_systems(settings: Settings, executable: Any, runtime: Any) -> None:

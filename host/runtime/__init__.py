@@ -51,6 +51,10 @@ __all__ = ["Runtime", "StepResult", "ShardResult", "BACKENDS", "Backend", "regis
 #: Backend name -> class, or its ``"module:Class"`` path (imported on first use): ``functional``, and
 #: the device backend (:func:`.rtl.device_backend`) of every device of :data:`wse.sim.devices.DEVICES`.
 BACKENDS: dict[str, str | type] = {"functional": "wse.host.runtime.functional:FunctionalBackend",
+                                   "functional-torch": "wse.host.runtime.functional_torch:FunctionalTorchBackend",
+                                   "functional-torch-cpu": "wse.host.runtime.functional_torch:FunctionalTorchCpuBackend",
+                                   "functional-torch-cuda":
+                                       "wse.host.runtime.functional_torch:FunctionalTorchCudaBackend",
                                    **{name: device_backend(name) for name in DEVICES}}
 
 

@@ -36,6 +36,9 @@ class PipelinedBackend(Backend):
         super().__init__(executable)
         self.name = device
         self.plan = plan_of(executable)
+        if device.startswith("functional-torch"):
+            raise UsageError(f"the layer-pipelined mode runs on the functional backend or a device, not {device} "
+                             "(which runs the weight-streaming mode: --mode weight-streaming)")
         self._device = None if device == "functional" else PipelinedDevice(self.plan, device)
         self._model: PipelinedFunctional | None = None
         self._loaded = False
