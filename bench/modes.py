@@ -36,8 +36,10 @@ costs no fabric cycles):
 * ``weight_streaming`` training: the cycles of all phases of a step per sample,
   the whole step's FMAC utilization and that of its streamed GEMM phases;
 
-and the ratio of the two. Then activation sparsity harvesting (``plan(...,
-sparse=True)``) at 0%, 50% and 90% zeros in the inputs of every layer that
+and the ratio of the two. Then activation sparsity harvesting, both ways
+(``"harvest": "pairs"``: ``plan(..., sparse=True)``, only the nonzero
+activations sent; ``"skip"``: ``sparse="skip"``, sent dense and the receivers
+skip the zeros) at 0%, 50% and 90% zeros in the inputs of every layer that
 follows a ReLU (random patterns, seeded; the cycle model given the pattern
 equals the golden model's, tests/test_pipelined_sparse.py): per fraction, the
 forward phase's cycles (batch 32) and, for each harvesting layer, its busiest
@@ -144,6 +146,7 @@ def measure(name: str, dims, config: FabricConfig, ws_batch: int) -> None:
                       round(steady / (ws_cycles / ws_batch), 3)}))
     measure_training(name, graph, macs, config, exe, ws_batch)
     measure_sparsity(name, graph, config)
+    measure_sparsity(name, graph, config, how="skip")
 
 
 def _largest_shard(graph, config, replicas: int, limit: int = 64, optimizer=None) -> int | None:
@@ -237,9 +240,11 @@ def _layer_cycles(plan_, pattern, layer: int) -> float:
     return best / plan_.batch
 
 
-def measure_sparsity(name: str, graph, config: FabricConfig, batch: int = 32) -> None:
-    """Print the activation sparsity lines of one model (see the module docstring)."""
-    dense, sparse = plan(graph, config, batch), plan(graph, config, batch, sparse=True)
+def measure_sparsity(name: str, graph, config: FabricConfig, batch: int = 32, how: str = "pairs") -> None:
+    """Print the activation sparsity lines of one model (see the module docstring); ``how``:
+    ``"pairs"`` (only the nonzero activations sent) or ``"skip"`` (sent dense, the receivers
+    skip the zeros)."""
+    dense, sparse = plan(graph, config, batch), plan(graph, config, batch, sparse=how)
     widths = [layer.k for layer in sparse.layers]
     ones = [np.ones((batch, k), dtype=bool) for k in widths]
     base_phase = phase_cycles(dense)["forward"]
@@ -253,7 +258,7 @@ def measure_sparsity(name: str, graph, config: FabricConfig, batch: int = 32) ->
                                           "dense_cycles_per_sample": round(base[l], 1),
                                           "over_dense": round(_layer_cycles(sparse, pattern, l) / base[l], 3)}
                   for l in harvesting}
-        print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "sparsity": zeros,
+        print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "harvest": how, "sparsity": zeros,
                           "batch": batch, "forward_cycles": cycles, "dense_forward_cycles": base_phase,
                           "forward_over_dense": round(cycles / base_phase, 3), "harvesting_layers": layers,
                           "target_over_dense_at_0.9": 0.3}))

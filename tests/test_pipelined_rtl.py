@@ -56,14 +56,16 @@ def test_training_steps_on_the_rtl_equal_functional_and_static_cycles(backend):
 
 
 @pytest.mark.parametrize("backend", ["verilator", pytest.param("icarus", marks=[icarus, pytest.mark.slow])])
-def test_harvested_forward_on_the_rtl_equals_functional_and_static_cycles(backend):
-    """Activation sparsity harvesting ((index, value) pairs, only the nonzero ones) on the RTL."""
+@pytest.mark.parametrize("how", [True, "skip"])
+def test_harvested_forward_on_the_rtl_equals_functional_and_static_cycles(backend, how):
+    """Activation sparsity harvesting on the RTL: (index, value) pairs, only the nonzero
+    ones (``True``), or dense sends whose zeros the receivers skip (``"skip"``)."""
     from wse.host.compiler.pipelined_cycles import activation_pattern
     from wse.host.runtime.pipelined import functional_forward
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    p = plan(trace(model, torch.zeros(1, 6)), FabricConfig(width=3, height=3), 4, sparse=True)
+    p = plan(trace(model, torch.zeros(1, 6)), FabricConfig(width=3, height=3), 4, sparse=how)
     dev = PipelinedDevice(p, backend)
     dev.write_weights(weights)
     x = np.random.default_rng(5).standard_normal((4, 6)).astype(np.float32)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from wse.config import FabricConfig
+from wse.config import FabricConfig, UsageError
 from wse.firmware.training import pipe_timing
 from wse.host.compiler.frontend import trace
 from wse.host.compiler.pipelined import plan
@@ -114,3 +114,71 @@ def test_a_plan_without_harvesting_keeps_the_dense_records():
     assert dense.harvest == (False, False, False) and "pair" not in dense.memory and "pair" in sparse.memory
     kinds = {pipe_timing.pipe.decode(r)[0] for row in dense.phases["forward"][1] for ops in row for r in ops}
     assert kinds == {"pfwd"}
+
+
+@pytest.mark.parametrize("dims, mesh, batch, shift, depths", [
+    ((12, 9, 8, 3), (4, 4), 4, 0.0, {}),
+    ((20, 12, 9, 7), (5, 4), 5, 0.3, {}),
+    ((9, 5, 3), (2, 2), 3, 5.0, {}),                     # every hidden activation zero
+    ((17, 11, 13, 5, 4), (4, 4), 3, 0.2, {"rx_depth": 1, "tx_depth": 1, "router_depth": 1}),
+])
+def test_receiver_side_skipping_equals_the_pairs_bit_for_bit(dims, mesh, batch, shift, depths):
+    """``sparse="skip"``: dense sends, the receivers skip the zeros; the same bits as the
+    pairs (and so as the functional model), static cycles = golden cycles."""
+    model = _mlp(dims, seed=5, shift=shift)
+    cfg = FabricConfig(width=mesh[0], height=mesh[1], **depths)
+    graph = trace(model, torch.zeros(1, dims[0]))
+    p, pairs = plan(graph, cfg, batch, sparse="skip"), plan(graph, cfg, batch, sparse=True)
+    assert p.harvest == pairs.harvest == (False,) + (True,) * (len(dims) - 2)
+    weights = _weights(model)
+    x = np.random.default_rng(7).standard_normal((batch, dims[0])).astype(np.float32)
+    logits, cycles = _forward_on(p, weights, x)
+    pair_logits, _ = _forward_on(pairs, weights, x)
+    outs = functional_forward(p, weights, x)
+    assert np.array_equal(_bits(logits), _bits(outs[-1])) and np.array_equal(_bits(logits), _bits(pair_logits))
+    assert phase_cycles(p, activation_pattern(p, x, outs))["forward"] == cycles
+
+
+def _forward_on(p, weights, x):
+    dev = PipelinedDevice(p, "golden")
+    dev.write_weights(weights)
+    return dev.forward(x)
+
+
+def test_receiver_side_skipping_trains_as_the_dense_plan():
+    """Two training steps with momentum in two passes: golden = functional, static cycles =
+    golden cycles, and (on these activations) the same bits as the dense plan."""
+    model = _mlp((20, 12, 9, 7), seed=1, shift=0.2)
+    optimizer = OptimizerConfig("sgd", lr=0.05, momentum=0.9)
+    graph = trace(model, torch.zeros(1, 20))
+    p = plan(graph, FabricConfig(width=5, height=4), 3, optimizer, sparse="skip")
+    dense = PipelinedFunctional(plan(graph, FabricConfig(width=5, height=4), 3, optimizer), _weights(model))
+    dev = PipelinedDevice(p, "golden")
+    dev.write_weights(_weights(model))
+    fn = PipelinedFunctional(p, _weights(model))
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        x = rng.standard_normal((5, 20)).astype(np.float32)
+        y = rng.integers(0, 7, 5)
+        params_before = {k: v.copy() for k, v in fn.params.items()}
+        loss, logits, cycles = dev.train_step(x, y)
+        f_loss, f_logits = fn.train_step(x, y)
+        d_loss, d_logits = dense.train_step(x, y)
+        assert loss == f_loss == d_loss and np.array_equal(_bits(logits), _bits(f_logits))
+        assert np.array_equal(_bits(logits), _bits(d_logits))
+        forward = 0
+        for start in (0, 3):
+            xb = np.zeros((3, 20), dtype=np.float32)
+            xb[:min(3, 5 - start)] = x[start:start + 3]
+            forward += phase_cycles(p, activation_pattern(p, xb, functional_forward(p, params_before, xb)))["forward"]
+        assert cycles["forward"] == forward
+    params, buffers = dev.read_state()
+    for name in params:
+        assert np.array_equal(_bits(params[name]), _bits(fn.params[name]))
+        assert np.array_equal(_bits(params[name]), _bits(dense.params[name]))
+        assert np.array_equal(_bits(buffers[name]), _bits(fn.state[name]))
+
+
+def test_sparse_must_be_a_known_mode():
+    with pytest.raises(UsageError, match="sparse must be False, True, 'pairs' or 'skip'"):
+        plan(trace(_mlp((12, 9, 3)), torch.zeros(1, 12)), FabricConfig(width=4, height=4), 2, sparse="dense")

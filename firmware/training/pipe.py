@@ -42,8 +42,9 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
              ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD)),
     # The forward pass with activation sparsity harvesting (pipe.s, docs/layer_pipelined.md
     # section 6a): pfwd's fields and `xw` (the inputs from the second on), then `sin`
-    # (the inputs arrive as (index, value) pairs
-    # ending with index -1: only the nonzero ones), `sout` (send only the nonzero outputs
+    # (1: the inputs arrive as (index, value) pairs
+    # ending with index -1: only the nonzero ones; 2: they arrive dense and the PE
+    # skips the zeros, its multiply-adds as with the pairs), `sout` (send only the nonzero outputs
     # so), `layer`, `lin`, `lout` (the layer and the first input and output feature of
     # the PE's blocks: the static cycle model's key to the activation pattern), `wbase`
     # (the tile's address), `pbase` (two words for a pair), `zk` and `zo` (+0 times K, O),

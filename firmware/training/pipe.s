@@ -187,7 +187,16 @@ pf_enext:
 ;   G[k][o] = add(G[k][o], mul(dz[o], x[k]))
 ; G and db start at +0 with the first pass of a batch (record flag `zero`)
 ; and accumulate over its later passes.
-;   r3 samples left, r4 K, r5 O, r8 input slot, r9 output slot
+; The flags and the descriptors stay in registers for the whole record, and
+; the chain ends and the other PEs each have an entry of their own into the
+; per-sample loop, so a sample costs its vector instructions and about 15
+; cycles of control (the input gradient's dots 5.5 more an input).
+;   r1 bias, r2 mcast, r3 samples left, r4 K, r5 O, r6 input gradient (0 none,
+;   -1 the far end: send D, 1 send in + D), r8 input slot, r9 output slot,
+;   r11 xmask, r14 the chain end's delta (0 not an end, 1 the host's, 2 from
+;   the fabric, 3 from the fabric through the ReLU mask)
+;   d0 dz, d1 dz or dy from the fabric, d2 the dots' weights (and scratch),
+;   d3 D, d4 D on, d5 the chain's D in, d6 G, d7 the sample's inputs
 pbwd:
         ld      r3, PB_T(r15)
         ld      r4, PB_K(r15)
@@ -195,120 +204,133 @@ pbwd:
         ld      r8, PB_XBASE(r15)
         ld      r9, PB_YBASE(r15)
         ld      r10, PB_ZERO(r15)
-        beq     r10, r0, pb_sample      ; a later pass of the batch: accumulate on
+        beq     r10, r0, pb_setup       ; a later pass of the batch: accumulate on
         ldsd    d0, PB_G(r15)
         ldsd    d1, PB_ZG(r15)
         fmov    d0, d1                  ; G = +0
         ld      r10, PB_BIAS(r15)
-        beq     r10, r0, pb_sample
+        beq     r10, r0, pb_setup
         ldsd    d0, PB_DB(r15)
         ldsd    d1, PB_ZO(r15)
         fmov    d0, d1                  ; db = +0
-pb_sample:
+pb_setup:
+        ld      r1, PB_BIAS(r15)
+        ld      r2, PB_MCAST(r15)
+        ld      r11, PB_XMASK(r15)
+        ld      r6, PB_DX(r15)
+        beq     r6, r0, pb_regs
+        ld      r10, PB_DXFIRST(r15)
+        beq     r10, r0, pb_regs
+        li      r6, -1                  ; the far end of the input line
+pb_regs:
         ldsd    d0, PB_DZ(r15)
-        ld      r10, PB_END(r15)
-        beq     r10, r0, pb_recv
+        ldsd    d3, PB_DXV(r15)
+        ldsd    d4, PB_BOUT(r15)
+        ldsd    d5, PB_BIN(r15)
+        ldsd    d6, PB_G(r15)
+        ldsd    d7, PB_XG(r15)
+        ld      r14, PB_END(r15)
+        beq     r14, r0, pb_inner
         ld      r10, PB_HOST(r15)
-        beq     r10, r0, pb_fab
-        ldsd    d1, PB_YS(r15)
-        setb    d1, r9
-        fmov    d0, d1                  ; dz = the host's delta
-        jmp     pb_have
-pb_fab:
-        ldsd    d1, PB_DYIN(r15)
+        li      r14, 1
+        bne     r10, r0, pb_eset
         ld      r10, PB_MASK(r15)
-        beq     r10, r0, pb_nomask
-        ldsd    d2, PB_MK(r15)
-        ldsd    d3, PB_YS(r15)
-        setb    d3, r9
-        fmaxs   d2, d3, r0              ; mk = max(ys, +0): the ReLU's output (pfwd keeps y)
-        ld      r11, f_big(r0)
-        fmuls   d2, d2, r11             ; mk = mk * -2^127
-        ld      r11, f_mone(r0)
-        fmaxs   d2, d2, r11             ; mk = max(mk, -1)
-        fmul    d0, d1, d2              ; dz = dy * mk
-        fmuls   d0, d0, r11             ; dz = dz * -1
-        jmp     pb_have
-pb_nomask:
-        fmov    d0, d1                  ; dz = dy
-pb_have:
-        ld      r10, PB_BIAS(r15)
-        beq     r10, r0, pb_nobias
-        ldsd    d2, PB_DB(r15)
-        fadd    d2, d2, d0              ; db = db + dz
-pb_nobias:
-        ld      r10, PB_MCAST(r15)
-        beq     r10, r0, pb_got
-        ldsd    d2, PB_DZOUT(r15)
-        fmov    d2, d0                  ; dz back along the output line
-        jmp     pb_got
-pb_recv:
+        li      r14, 2
+        beq     r10, r0, pb_eset
+        li      r14, 3
+pb_eset:
+        ldsd    d1, PB_DYIN(r15)
+        jmp     pb_end
+pb_inner:
         ldsd    d1, PB_DZIN(r15)
-        fmov    d0, d1                  ; dz from the chain end
-pb_got:
-        ld      r10, PB_DX(r15)
-        beq     r10, r0, pb_wgrad
-        ldsd    d1, PB_WROW(r15)
+pb_in:                                  ; not a chain end: dz from the output line's multicast
+        fmov    d0, d1
+pb_dx:
+        setb    d7, r8                  ; the sample's inputs
+        beq     r6, r0, pb_wg
+        ldsd    d2, PB_WROW(r15)
         ld      r12, PB_DXBASE(r15)
         add     r13, r4, r0
         andi    r10, r13, 1
         beq     r10, r0, pb_dot2        ; an even number of inputs: pairs only
         add     r7, r0, r0
-        dot     r7, d1, d0              ; D[0] = +0 + Wt[0][0] * dz[0] + ...
+        dot     r7, d2, d0              ; D[0] = +0 + Wt[0][0] * dz[0] + ...
         st      r7, 0(r12)
-        addb    d1, r5                  ; the next input's weights
+        addb    d2, r5                  ; the next input's weights
         addi    r12, r12, 1
         addi    r13, r13, -1
         beq     r13, r0, pb_dotted
 pb_dot2:                                ; two inputs a round
         add     r7, r0, r0
-        dot     r7, d1, d0              ; D[k] = +0 + Wt[k][0] * dz[0] + ...
+        dot     r7, d2, d0              ; D[k] = +0 + Wt[k][0] * dz[0] + ...
         st      r7, 0(r12)
-        addb    d1, r5
+        addb    d2, r5
         add     r7, r0, r0
-        dot     r7, d1, d0              ; D[k+1]
+        dot     r7, d2, d0              ; D[k+1]
         st      r7, 1(r12)
-        addb    d1, r5
+        addb    d2, r5
         addi    r12, r12, 2
         addi    r13, r13, -2
         bne     r13, r0, pb_dot2
 pb_dotted:
-        ldsd    d1, PB_DXV(r15)
-        ldsd    d2, PB_BOUT(r15)
-        ld      r10, PB_DXFIRST(r15)
-        ld      r11, PB_XMASK(r15)
         bne     r11, r0, pb_xmask
-        beq     r10, r0, pb_dxpass
-        fmov    d2, d1                  ; the far end of the input line: send D
-        jmp     pb_wgrad
-pb_dxpass:
-        ldsd    d3, PB_BIN(r15)
-        fadd    d2, d3, d1              ; send in + D
-        jmp     pb_wgrad
+        blt     r6, r0, pb_dxfar
+        fadd    d4, d5, d3              ; send in + D
+        jmp     pb_wg
+pb_dxfar:
+        fmov    d4, d3                  ; the far end of the input line: send D
+        jmp     pb_wg
 pb_xmask:                               ; the line's near end: the previous layer's ReLU mask on the way out
-        bne     r10, r0, pb_xmk
-        ldsd    d3, PB_BIN(r15)
-        fadd    d1, d3, d1              ; D = in + D
+        blt     r6, r0, pb_xmk
+        fadd    d3, d5, d3              ; D = in + D
 pb_xmk:
-        ldsd    d3, PB_XMK(r15)
-        ldsd    d4, PB_XG(r15)
-        setb    d4, r8                  ; the sample's inputs: the previous layer's ReLU outputs
-        ld      r11, f_big(r0)
-        fmuls   d3, d4, r11             ; mk = x * -2^127
-        ld      r11, f_mone(r0)
-        fmaxs   d3, d3, r11             ; mk = max(mk, -1)
-        fmul    d1, d1, d3              ; D = D * mk
-        fmuls   d2, d1, r11             ; send D * -1: the previous layer's dz
-pb_wgrad:
-        ldsd    d1, PB_G(r15)
-        ldsd    d2, PB_XG(r15)
-        setb    d2, r8
-        fmacw   d1, d0, d2              ; G[k][o] += dz[o] * x[k]
+        ldsd    d2, PB_XMK(r15)
+        ld      r10, f_big(r0)
+        fmuls   d2, d7, r10             ; mk = x * -2^127 (x: the previous layer's ReLU outputs)
+        ld      r10, f_mone(r0)
+        fmaxs   d2, d2, r10             ; mk = max(mk, -1)
+        fmul    d3, d3, d2              ; D = D * mk
+        fmuls   d4, d3, r10             ; send D * -1: the previous layer's dz
+pb_wg:
+        fmacw   d6, d0, d7              ; G[k][o] += dz[o] * x[k]
         add     r8, r8, r4
         add     r9, r9, r5
         addi    r3, r3, -1
-        bne     r3, r0, pb_sample
-        jmp     op_done
+        beq     r3, r0, op_done
+        beq     r14, r0, pb_in
+pb_end:                                 ; a chain end: dz, the bias gradient, dz back along the line
+        li      r10, 2
+        blt     r14, r10, pb_ehost
+        beq     r14, r10, pb_enomask
+        ldsd    d2, PB_MK(r15)
+        ldsd    d7, PB_YS(r15)
+        setb    d7, r9
+        fmaxs   d2, d7, r0              ; mk = max(ys, +0): the ReLU's output (pfwd keeps y)
+        ld      r10, f_big(r0)
+        fmuls   d2, d2, r10             ; mk = mk * -2^127
+        ld      r10, f_mone(r0)
+        fmaxs   d2, d2, r10             ; mk = max(mk, -1)
+        fmul    d0, d1, d2              ; dz = dy * mk
+        fmuls   d0, d0, r10             ; dz = dz * -1
+        ldsd    d7, PB_XG(r15)
+        jmp     pb_ebias
+pb_ehost:
+        ldsd    d7, PB_YS(r15)
+        setb    d7, r9
+        fmov    d0, d7                  ; dz = the host's delta
+        ldsd    d7, PB_XG(r15)
+        jmp     pb_ebias
+pb_enomask:
+        fmov    d0, d1                  ; dz = dy
+pb_ebias:
+        beq     r1, r0, pb_emcast
+        ldsd    d2, PB_DB(r15)
+        fadd    d2, d2, d0              ; db = db + dz
+pb_emcast:
+        beq     r2, r0, pb_dx
+        ldsd    d2, PB_DZOUT(r15)
+        fmov    d2, d0                  ; dz back along the output line
+        jmp     pb_dx
 
 ; ---------------------------------------------------------------------------
 ; pupd: the optimizer on this PE's parameters at the end of a batch: the
@@ -402,6 +424,8 @@ ps_dmac:
         fmacw   d2, d4, d5
         jmp     ps_chain
 ps_sparse:
+        li      r11, 2
+        beq     r10, r11, ps_skip       ; `sin` 2: dense inputs, the zeros skipped here
         ldsd    d1, PS_XS(r15)
         setb    d1, r8
         ldsd    d0, PS_ZK(r15)
@@ -434,6 +458,43 @@ ps_take:
         setb    d3, r13
         fmacs   d2, d2, d3, r11         ; P += Wt[k] * x[k]
         jmp     ps_take
+ps_skip:                                ; the inputs sent dense; the zeros cost no multiply-adds
+        ldsd    d2, PS_ACC(r15)
+        ldsd    d0, PS_ZO(r15)
+        ld      r10, PS_BIAS(r15)
+        beq     r10, r0, ps_kzero
+        ldsd    d0, PS_B(r15)
+        ld      r11, f_one(r0)
+        fmuls   d2, d0, r11             ; a chain end with a bias: P = mul(b, 1) (b flushed)
+        jmp     ps_kset
+ps_kzero:
+        fmov    d2, d0                  ; P = +0
+ps_kset:
+        ldsd    d3, PS_W0(r15)          ; Wt[0], moved on by O an input
+        add     r12, r8, r0             ; the sample's input slot
+        add     r14, r8, r4             ; its end
+        ld      r10, PS_XIN(r15)
+        andi    r10, r10, 0xffff        ; the input multicast's color (0 or 1, section 2)
+        bne     r10, r0, ps_k1
+ps_k0:
+        recv    r11, 0                  ; x[k]
+        st      r11, 0(r12)             ; into the input slot
+        beq     r11, r0, ps_k0z         ; +0: no multiply-adds
+        fmacs   d2, d2, d3, r11         ; P += Wt[k] * x[k]
+ps_k0z:
+        addb    d3, r5
+        addi    r12, r12, 1
+        bne     r12, r14, ps_k0
+        jmp     ps_chain
+ps_k1:
+        recv    r11, 1
+        st      r11, 0(r12)
+        beq     r11, r0, ps_k1z
+        fmacs   d2, d2, d3, r11
+ps_k1z:
+        addb    d3, r5
+        addi    r12, r12, 1
+        bne     r12, r14, ps_k1
 ps_chain:
         ld      r6, PS_FIRST(r15)
         ldsd    d6, PS_CIN(r15)
@@ -457,7 +518,12 @@ ps_lpass:
 ps_relu:
         ld      r10, PS_RELU(r15)
         beq     r10, r0, ps_send
-        fmaxs   d7, d7, r0              ; y = max(y, +0)
+        ld      r11, PS_SEND(r15)
+        beq     r11, r0, ps_rkeep       ; the last layer: keep max(y, +0)
+        ld      r11, PS_SOUT(r15)
+        beq     r11, r0, ps_rsend       ; sent dense: the ReLU on the way out, ys keeps y
+ps_rkeep:
+        fmaxs   d7, d7, r0              ; y = max(y, +0) (pairs are sent from it)
 ps_send:
         ld      r10, PS_SEND(r15)
         beq     r10, r0, ps_stored
@@ -465,6 +531,10 @@ ps_send:
         bne     r10, r0, ps_harvest
         ldsd    d6, PS_XOUT(r15)
         fmov    d6, d7                  ; on to the next region, dense
+        jmp     ps_stored
+ps_rsend:
+        ldsd    d6, PS_XOUT(r15)
+        fmaxs   d6, d7, r0              ; max(y, +0) on to the next region, dense
         jmp     ps_stored
 ps_harvest:
         ldsd    d0, PS_PAIR(r15)

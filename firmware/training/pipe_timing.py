@@ -82,7 +82,15 @@ def _chain(ops: OpRows, f: dict, send) -> None:
         ops.busy(O + 1 + 1)                               # fmov (memory), jmp
     else:
         ops.vec(O, in1=c_in)                              # fadd into the output store
-    ops.busy(3 + (O + 1 if f["relu"] else 0))             # ld, beq; fmaxs
+    ops.busy(3)                                           # ld, beq on relu
+    if f["relu"]:
+        ops.busy(3 + (3 if f["send"] else 0))             # ld, beq on send; ld, beq on sout
+        if f["send"] and not f["sout"]:
+            ops.busy(2)                                   # ldsd
+            ops.vec(O, out=_color(f["xout"]))             # fmaxs: max(y, +0) on, dense
+            ops.busy(1 + 1)                               # jmp ps_stored; add
+            return
+        ops.busy(O + 1)                                   # fmaxs in place
     ops.busy(3)                                           # ld, beq
     if f["send"]:
         send()
@@ -102,7 +110,10 @@ def _psfwd(ops: OpRows, f: dict, pattern) -> None:
     ops.busy(10)                                          # 5 ld
     for s in range(T):
         ops.busy(3)                                       # ld, bne
-        if f["sin"]:
+        if f["sin"] == 2:
+            _skip_inputs(ops, f, pattern[f["layer"]][s, f["lin"]:f["lin"] + K], c_x)
+        elif f["sin"]:
+            ops.busy(2)                                   # li, beq
             ops.busy(5 + K + 1 + 7 + (5 if f["bias"] else 0) + O + 1 + 10)   # 2 ldsd, setb; fmov; 2 ldsd,
             #                         ld, beq; fmov | ldsd, ld, fmuls, jmp; 3 ldsd, 2 ld
             for _ in range(int(taken[s])):
@@ -119,6 +130,20 @@ def _psfwd(ops: OpRows, f: dict, pattern) -> None:
         _chain(ops, f, lambda: _harvest_send(ops, f, sent[s] if sent is not None else None))
         ops.busy(3)                                       # add, addi, bne
     ops.busy(1)                                           # jmp op_done
+
+
+def _skip_inputs(ops: OpRows, f: dict, nonzero, c_x: int) -> None:
+    """psfwd's dense inputs with the zeros skipped (``sin`` 2), from ``li`` to ``ps_chain``;
+    ``nonzero``: the sample's inputs of the PE's block, true where the word is not +0."""
+    O = f["o"]
+    ops.busy(2 + 7)                                       # li, beq; 2 ldsd, ld, beq
+    ops.busy(2 + 2 + O + 1 + 1 if f["bias"] else O + 1)   # ldsd, ld, fmuls, jmp | fmov
+    ops.busy(8)                                           # ldsd, 2 add, ld, andi, bne
+    for value in nonzero:
+        ops.recv(c_x)                                     # recv x[k]
+        ops.busy(2 + (O + 1 if value else 0) + 3)         # st, beq; fmacs; addb, addi, bne
+    if c_x == 0:
+        ops.busy(1)                                       # jmp ps_chain
 
 
 def _harvest_send(ops: OpRows, f: dict, sent) -> None:
@@ -141,6 +166,49 @@ def _harvest_send(ops: OpRows, f: dict, sent) -> None:
     ops.vec(2, out=c_pout)                                # the end marker
 
 
+def _pbwd_end(ops: OpRows, f: dict, c_dy: int, c_zo: int) -> None:
+    """``pbwd``'s chain-end part of a sample, from ``pb_end`` to the jump to ``pb_dx``."""
+    O = f["o"]
+    ops.busy(2)                                           # li, blt
+    if f["host"]:
+        ops.busy(3 + O + 1 + 2 + 1)                       # ldsd, setb, fmov (memory), ldsd, jmp
+    else:
+        ops.busy(1)                                       # beq
+        if f["mask"]:
+            ops.busy(5 + 3 * (O + 1) + 4)                 # 2 ldsd, setb, fmaxs, ld, fmuls, ld, fmaxs
+            ops.vec(O, in1=c_dy)                          # fmul from the fabric
+            ops.busy(O + 1 + 2 + 1)                       # fmuls, ldsd, jmp
+        else:
+            ops.vec(O, in1=c_dy)                          # fmov from the fabric
+    ops.busy(1 + (2 + O + 1 if f["bias"] else 0))         # beq; ldsd, fadd
+    ops.busy(1)                                           # beq
+    if f["mcast"]:
+        ops.busy(2)                                       # ldsd
+        ops.vec(O, out=c_zo)
+        ops.busy(1)                                       # jmp
+
+
+def _pbwd_dx(ops: OpRows, f: dict, c_bi: int, c_bo: int) -> None:
+    """``pbwd``'s input gradient of a sample, from the dots to the send."""
+    K, O = f["k"], f["o"]
+    ops.busy(7 + (O + 7 if K % 2 else 0))                 # ldsd, ld, add, andi, beq; the odd input
+    ops.busy(K // 2 * (2 * O + 11) + 1)                   # pairs of (add, dot, st, addb), 2 addi, bne; bne
+    if f["xmask"]:
+        ops.busy(1)                                       # blt on the far end
+        if not f["dxfirst"]:
+            ops.vec(K, in1=c_bi)                          # fadd: in + D
+        ops.busy(2 + 2 + K + 1 + 2 + K + 1 + K + 1)       # ldsd; ld, fmuls; ld, fmaxs; fmul
+        ops.vec(K, out=c_bo)                              # fmuls: masked, on
+    elif f["dxfirst"]:
+        ops.busy(1)                                       # blt
+        ops.vec(K, out=c_bo)
+        ops.busy(1)                                       # jmp
+    else:
+        ops.busy(1)                                       # blt
+        ops.vec(K, in1=c_bi, out=c_bo)
+        ops.busy(1)                                       # jmp
+
+
 def _pbwd(ops: OpRows, f: dict) -> None:
     T, K, O = f["t"], f["k"], f["o"]
     c_dy, c_zo, c_zi = _color(f["dyin"]), _color(f["dzout"]), _color(f["dzin"])
@@ -150,50 +218,25 @@ def _pbwd(ops: OpRows, f: dict) -> None:
         ops.busy(4 + K * O + 1 + 3)                       # 2 ldsd, fmov G; ld, beq
         if f["bias"]:
             ops.busy(4 + O + 1)                           # 2 ldsd, fmov db
-    for _ in range(T):
-        ops.busy(5)                                       # ldsd, ld, beq
+    ops.busy(8 + 1 + (3 if f["dx"] else 0) + (1 if f["dx"] and f["dxfirst"] else 0))   # 4 ld, beq;
+    #                                                       ld, beq; li
+    ops.busy(12 + 3)                                      # 6 ldsd; ld, beq
+    if f["end"]:
+        ops.busy(4 + (0 if f["host"] else 4 + (1 if f["mask"] else 0)) + 3)   # ld, li, bne; ld, li,
+        #                                                   beq; li; ldsd, jmp
+    else:
+        ops.busy(2)                                       # ldsd
+    for s in range(T):
         if f["end"]:
-            ops.busy(3)                                   # ld, beq
-            if f["host"]:
-                ops.busy(3 + O + 1 + 1)                   # ldsd, setb, fmov (memory), jmp
-            else:
-                ops.busy(2 + 3)                           # ldsd, ld, beq
-                if f["mask"]:
-                    ops.busy(5 + 3 * (O + 1) + 4)         # 2 ldsd, setb, fmaxs, ld, fmuls, ld, fmaxs
-                    ops.vec(O, in1=c_dy)                  # fmul from the fabric
-                    ops.busy(O + 1 + 1)                   # fmuls, jmp
-                else:
-                    ops.vec(O, in1=c_dy)                  # fmov from the fabric
-            ops.busy(3 + (2 + O + 1 if f["bias"] else 0))      # ld, beq; ldsd, fadd
-            ops.busy(3)                                   # ld, beq
-            if f["mcast"]:
-                ops.busy(2)                               # ldsd
-                ops.vec(O, out=c_zo)
-                ops.busy(1)                               # jmp
+            _pbwd_end(ops, f, c_dy, c_zo)
         else:
-            ops.busy(2)                                   # ldsd
-            ops.vec(O, in1=c_zi)
-        ops.busy(3)                                       # ld, beq
+            ops.vec(O, in1=c_zi)                          # fmov: dz from the output line
+        ops.busy(2)                                       # setb, beq
         if f["dx"]:
-            ops.busy(7 + (O + 7 if K % 2 else 0))         # ldsd, ld, add, andi, beq; the odd input
-            ops.busy(K // 2 * (2 * O + 11) + 9)           # pairs of (add, dot, st, addb), 2 addi, bne; 2 ldsd, 2 ld, bne
-            if f["xmask"]:
-                ops.busy(1)                               # bne on dxfirst
-                if not f["dxfirst"]:
-                    ops.busy(2)                           # ldsd
-                    ops.vec(K, in1=c_bi)                  # fadd: in + D
-                ops.busy(5 + 2 + K + 1 + 2 + K + 1 + K + 1)    # 2 ldsd, setb; ld, fmuls; ld, fmaxs; fmul
-                ops.vec(K, out=c_bo)                      # fmuls: masked, on
-            elif f["dxfirst"]:
-                ops.busy(1)                               # beq
-                ops.vec(K, out=c_bo)
-                ops.busy(1)                               # jmp
-            else:
-                ops.busy(3)                               # beq, ldsd
-                ops.vec(K, in1=c_bi, out=c_bo)
-                ops.busy(1)                               # jmp
-        ops.busy(5 + K * O + 1 + 4)                       # 2 ldsd, setb; fmacw; add, add, addi, bne
-    ops.busy(1)                                           # jmp op_done
+            _pbwd_dx(ops, f, c_bi, c_bo)
+        ops.busy(K * O + 1 + 3 + 1)                       # fmacw; add, add, addi; beq
+        if s < T - 1:
+            ops.busy(1)                                   # beq on the chain end (to pb_in or on)
 
 
 def _pupd(ops: OpRows, f: dict) -> None:

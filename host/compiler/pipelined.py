@@ -199,7 +199,7 @@ def _check_graph(graph: Graph, config: FabricConfig, batch: int, colors: int,
     return layers, place_replicas([(layer.k, layer.o) for layer in layers], config, replicas)
 
 
-def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse: bool = False,
+def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse: bool | str = False,
          replicas: int = 1) -> PipelinedPlan:
     """Map ``graph`` for the layer-pipelined mode with batches of ``batch`` samples on ``config``;
     with an ``optimizer`` (:class:`~wse.host.memoryx.optim.OptimizerConfig`) the
@@ -208,6 +208,9 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     only the nonzero activations are sent, as (index, value) pairs; the plan's
     ``harvest[l]`` says which layers do), and the forward phase's cycles depend
     on the activations (:func:`~.pipelined_cycles.phase_cycles` takes their pattern).
+    ``sparse="skip"``: the activations are sent dense and the receiving PEs skip
+    the zeros (no multiply-adds for them; the same float order and bits as the
+    pairs); ``True`` or ``"pairs"``: the pairs.
     With ``replicas`` > 1 the pipeline is copied on adjacent strips of columns
     (:func:`~.pipelined_place.place_replicas`) and each pass's ``batch`` samples
     are dealt over the copies in contiguous shards (``block_partition``: at least
@@ -227,6 +230,8 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     """
     if optimizer is not None:
         check_optimizer(optimizer)
+    if sparse not in (False, True, "pairs", "skip"):
+        raise UsageError(f"sparse must be False, True, 'pairs' or 'skip', not {sparse!r}")
     if sparse and replicas != 1:
         raise UsageError("activation sparsity harvesting runs with one replica, not with replicas")
     colors = COLORS_USED if optimizer is None else TRAIN_COLORS_USED if replicas == 1 else REDUCE_COLORS_USED
@@ -247,6 +252,7 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     mem.take("xs", shard * k_max, f"the inputs of {shard} samples in flight")
     mem.take("ys", shard * o_max, f"the outputs of {shard} samples in flight")
     harvest = tuple(bool(sparse) and l > 0 and layers[l - 1].relu for l in range(len(layers)))
+    skip = sparse == "skip"
     if any(harvest):
         mem.take("pair", 2, "the (index, value) pair")
     if optimizer is not None:
@@ -274,7 +280,7 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
     routes = []
     for copy, samples in zip(copies, shards):
         routes += _routes(copy)
-        _forward_records(forward, layers, copy, mem, len(samples), zero, harvest)
+        _forward_records(forward, layers, copy, mem, len(samples), zero, harvest, skip)
     phases = {"forward": (ops["forward"], forward)}
     sequences = {"eval": ["forward"]}
     if optimizer is not None:
@@ -331,10 +337,12 @@ def _routes(regions: list[Region]) -> list:
     return routes
 
 
-def _forward_records(records: list, layers, regions, mem, batch: int, zero: int, harvest=()) -> list:
+def _forward_records(records: list, layers, regions, mem, batch: int, zero: int, harvest=(),
+                     skip: bool = False) -> list:
     """Append the forward phase's records of one copy of the pipeline to the ``[H][W]``
     lists ``records`` (``psfwd`` where a PE takes or sends harvested activations,
-    ``harvest[l]``: layer ``l``'s inputs are); ``batch``: the copy's samples."""
+    ``harvest[l]``: layer ``l``'s inputs are; with ``skip`` they are sent dense and
+    the receivers skip the zeros); ``batch``: the copy's samples."""
     a = mem.regions
     last_layer = len(layers) - 1
     for l, (layer, region) in enumerate(zip(layers, regions)):
@@ -353,10 +361,10 @@ def _forward_records(records: list, layers, regions, mem, batch: int, zero: int,
                 cout=pipe.dsd_fabout(c_out, o), ys=pipe.dsd_mem(0, o), b=pipe.dsd_mem(a["b"][0], o),
                 xout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], o))
             sin = bool(harvest) and harvest[l]
-            sout = bool(harvest) and last and l < last_layer and harvest[l + 1]
+            sout = bool(harvest) and last and l < last_layer and harvest[l + 1] and not skip
             if sin or sout:
                 pair = a["pair"][0]
-                fields.update(sin=int(sin), sout=int(sout), layer=l, lin=ins[q][0], lout=outs[p][0],
+                fields.update(sin=(2 if skip else 1) if sin else 0, sout=int(sout), layer=l, lin=ins[q][0], lout=outs[p][0],
                               wbase=a["w"][0], pbase=pair, zk=pipe.dsd_mem(zero, k, 0), zo=pipe.dsd_mem(zero, o, 0),
                               pair=pipe.dsd_mem(pair, 2), pin=pipe.dsd_fabin(INPUT_COLORS[l % 2], 2),
                               pout=pipe.dsd_fabout(INPUT_COLORS[(l + 1) % 2], 2))
