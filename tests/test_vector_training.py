@@ -1,6 +1,8 @@
 """Whole weight-streaming training phases on the vectorized model equal the golden model:
 the same cycles, counters, hops and every word of every PE's memory after each phase."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -56,3 +58,28 @@ def test_training_phases_equal_golden(mesh, extra):
         for key in counters["pe"]:
             np.testing.assert_array_equal(vcounters["pe"][key], counters["pe"][key], err_msg=f"{name} {key}")
         np.testing.assert_array_equal(vmem, mem, err_msg=name)
+
+
+FC_MNIST = Path(__file__).resolve().parent.parent / "examples" / "fc_mnist.py"
+
+
+@pytest.mark.slow
+def test_fc_mnist_training_on_the_vector_backend_equals_functional(tmp_path):
+    """A few FC-MNIST steps (784-256-256-10, batch 64, 16x16) on the cycle-level vectorized model and on the
+    functional backend: the same losses, cycles and final weights, bit for bit (``bench/fabric_speed.py
+    --whole-run`` times the whole 310-step run)."""
+    from wse.host.appliance import TrainConfig, train
+    from wse.host.appliance import checkpoint as ckpt
+
+    base = dict(example=FC_MNIST, mesh="16x16", batch=64, max_steps=3, progress="none", tensorboard=False,
+                eval_train=False)
+    vector = train(TrainConfig(out=tmp_path / "vector", backend="vector", **base))
+    functional = train(TrainConfig(out=tmp_path / "functional", backend="functional", **base))
+    assert vector.steps == functional.steps == 3
+    assert vector.cycles_per_step == functional.cycles_per_step > 0
+    runs = [ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / name)) for name in ("vector", "functional")]
+    assert runs[0][0]["history"]["loss"] == runs[1][0]["history"]["loss"]
+    a, b = runs[0][1], runs[1][1]
+    assert a.names() == b.names()
+    for name in a.names():
+        np.testing.assert_array_equal(a.weight(name).view(np.uint32), b.weight(name).view(np.uint32), err_msg=name)

@@ -31,9 +31,10 @@ from wse.firmware.isa import BY_NAME
 from wse.sim.golden.errors import FabricHang, ProgramFault
 from wse.sim.golden.hostargs import HostArgs, Rect, stream_words
 
+from . import loop
 from .code import K_BAD, K_EXIT, K_SEND, K_VECTOR, CodeTable
 from .routers import VectorRouters
-from .scalar import run_scalars
+from .scalar import run_scalars, scalar_fault
 from .state import COUNTERS, PeState
 from . import veck
 from .vector import begin_fabric_vector, vector_elements, vector_memory
@@ -51,12 +52,22 @@ class VectorFabric(HostArgs):
     ----------
     config:
         Sizes of the fabric; default :meth:`FabricConfig.current`.
+    stepper:
+        ``"compiled"`` (default): the whole cycle loop is one compiled function
+        (:func:`wse.sim.vector.loop.run_cycles`) that returns to Python only when
+        the run stops; ``"arrays"``: the loop in Python, each cycle's PEs grouped
+        with numpy index arrays and handed to the same compiled kernels (the form
+        the data-parallel versions follow). Both give the same bits and cycles.
     """
 
     backend = "vector"
+    STEPPERS = ("compiled", "arrays")
 
-    def __init__(self, config: FabricConfig | None = None):
+    def __init__(self, config: FabricConfig | None = None, stepper: str = "compiled"):
         cfg = config or FabricConfig.current()
+        if stepper not in self.STEPPERS:
+            raise ValueError(f"stepper {stepper!r}: expected one of {', '.join(self.STEPPERS)}")
+        self.stepper = stepper
         self.config = cfg
         self.width, self.height, self.colors = cfg.width, cfg.height, cfg.colors
         self.s = PeState(cfg)
@@ -192,7 +203,7 @@ class VectorFabric(HostArgs):
         self.s.reset_run_state()
         routers.begin_run()
         try:
-            t = self._loop(limit)
+            t = self._loop_compiled(limit) if self.stepper == "compiled" else self._loop(limit)
         finally:
             routers.end_run()
         t = max(t - 1, 0)
@@ -200,8 +211,42 @@ class VectorFabric(HostArgs):
         self.total_cycles += t
         return t
 
+    def _loop_compiled(self, limit: int) -> int:
+        """The cycles of a run in the compiled loop (see :meth:`run`); returns the cycle after the last one."""
+        s, routers = self.s, self.routers
+        S, K, R = loop.pack(self)
+        W = loop.scratch(self)
+        edge_max = routers.edge_outputs_per_cycle()
+        P = (self.colors, limit, s.tx_depth, s.rx_depth, routers.depth, edge_max)
+        ctl = np.zeros(4, dtype=np.int64)
+        out = np.zeros((max(8 * edge_max, 1 << 14), 5), dtype=np.int64)
+        while True:
+            code, a, b, c = loop.run_cycles(S, K, R, P, W, ctl, out)
+            routers.hops += int(ctl[2])
+            routers.collect(out[:ctl[3]])
+            t = int(ctl[0])
+            if code == loop.DRAIN:
+                continue
+            if code == loop.IDLE:
+                return t
+            if code in (loop.LIMIT, loop.HANG):
+                self.cycle = t
+                routers.end_run()
+                what = f"did not become idle within {limit} cycles" if code == loop.LIMIT else \
+                    f"stopped making progress at cycle {t} before becoming idle"
+                raise FabricHang(f"the fabric {what}", self._report(), t)
+            if code == loop.F_SCALAR:
+                raise scalar_fault(self, int(a), int(b), int(c))
+            if code == loop.F_COLOR:
+                raise self.fault(int(a), f"color {int(b)} is not below colors={self.colors}")
+            pes = W[0][loop.GROUP, :a].copy()      # a vector fault: the group's array checks raise it
+            rows = s.base[pes] + s.pc[pes]
+            (vector_memory if code == loop.F_VMEM else begin_fabric_vector)(self, pes, rows)
+            raise AssertionError(f"the compiled loop found a fault (code {code}) that the array checks do not")
+
     def _loop(self, limit: int) -> int:
-        """The cycles of a run (see :meth:`run`); returns the cycle after the last one."""
+        """The cycles of a run in Python, one cycle per iteration (see :meth:`run`); returns the cycle after
+        the last one."""
         s, routers, C = self.s, self.routers, self.colors
         due_tx: list = []
         self._next_tx = []

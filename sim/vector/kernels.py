@@ -32,12 +32,10 @@ def decide(first, count, route_in, route_mask, nbr, depth, rcount, rx_depth,
     n, C = count.shape
     k = 0
     for r in range(n):
-        busy = False
-        for c in range(C):
-            if count[r, c] > 0:
-                busy = True
-                break
-        if not busy:
+        held = 0
+        for c in range(C):      # no early exit: a vectorized scan of the counts
+            held |= count[r, c]
+        if held == 0:
             continue
         ncand = 0
         cand = 0

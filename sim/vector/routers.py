@@ -23,6 +23,7 @@ back into ``edge_in`` by :meth:`end_run`.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 
 import numpy as np
 
@@ -34,6 +35,7 @@ __all__ = ["VectorRouters"]
 
 _NONE = np.zeros(0, dtype=np.int64)
 _EDGE_PORTS = {"N": Port.N, "E": Port.E, "S": Port.S, "W": Port.W}
+_PORT_NAMES = [Port(p).name for p in range(4)]
 
 
 class VectorRouters:
@@ -101,22 +103,23 @@ class VectorRouters:
         self.edge_r = np.zeros(len(keys), dtype=np.int64)
         self.edge_p = np.zeros(len(keys), dtype=np.int64)
         self.edge_stream = np.full((len(keys), C), -1, dtype=np.int64)
-        colors, lefts, starts, words, flags = [], [], [], [], []
+        colors, lefts, starts, pairs = [], [], [], []
+        total = 0
         for g, key in enumerate(keys):
             self.edge_r[g], self.edge_p[g] = self.edge_port(*key)
             for c, q in self.edge_in[key].items():
                 self.edge_stream[g, c] = len(colors)
                 colors.append(c)
-                starts.append(len(words))
+                starts.append(total)
                 lefts.append(len(q))
-                for d, k in q:
-                    words.append(d)
-                    flags.append(k)
+                total += len(q)
+                pairs.append(np.fromiter(chain.from_iterable(q), dtype=np.int64, count=2 * len(q)))
+        pairs = np.concatenate(pairs).reshape(-1, 2) if pairs else np.zeros((0, 2), dtype=np.int64)
         self.stream_color = np.array(colors, dtype=np.int64)
         self.stream_pos = np.array(starts, dtype=np.int64)
         self.stream_left = np.array(lefts, dtype=np.int64)
-        self.stream_words = np.array(words, dtype=np.uint32)
-        self.stream_flags = np.array(flags, dtype=np.uint8)
+        self.stream_words = pairs[:, 0].astype(np.uint32)
+        self.stream_flags = pairs[:, 1].astype(np.uint8)
         self._gr = np.zeros(n * C, dtype=np.int64)
         self._gc = np.zeros(n * C, dtype=np.int64)
         self._moves = np.zeros(n, dtype=np.int64)
@@ -170,9 +173,7 @@ class VectorRouters:
                                      self.route_mask, self.nbr, q.rdata, q.rctrl, q.rhead, q.rcount,
                                      self._woken, self._out)
         self.hops += hops
-        for p, r, c, d, k in self._out[:ne].tolist():
-            index = r % self.width if p in (0, 2) else r // self.width
-            self.edge_out.setdefault((Port(p).name, index, c), []).append((d, k))
+        self.collect(self._out[:ne])
         if injections:
             kernels.inject(self._chosen, self.edge_r, self.stream_color, self.stream_pos, self.stream_left,
                            self.stream_words, self.stream_flags, self.data, self.ctrl, self.head, self.count)
@@ -181,6 +182,26 @@ class VectorRouters:
                          q.tdata, q.tcolor, q.tctrl, q.thead, q.tcount)
             self._woken[nw:nw + moves] = self._moves[:moves]
         return self._woken[:nw + moves]
+
+    def collect(self, rows: np.ndarray) -> None:
+        """Append wavelets that left the mesh, rows ``(port, router, color, data, ctrl)`` in order, to ``edge_out``."""
+        if len(rows) == 0:
+            return
+        port, r, c = rows[:, 0], rows[:, 1], rows[:, 2]
+        index = np.where((port == 0) | (port == 2), r % self.width, r // self.width)
+        key = (port * (self.width + self.height) + index) * self.colors + c
+        order = np.argsort(key, kind="stable")
+        key, rows, index = key[order], rows[order], index[order]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        ends = np.r_[starts[1:], len(key)]
+        data, ctrl = rows[:, 3].tolist(), rows[:, 4].tolist()
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            out_key = (_PORT_NAMES[int(rows[a, 0])], int(index[a]), int(rows[a, 2]))
+            self.edge_out.setdefault(out_key, []).extend(zip(data[a:b], ctrl[a:b]))
+
+    def edge_outputs_per_cycle(self) -> int:
+        """The most wavelets that can leave the mesh in one cycle (an edge output per color and edge port)."""
+        return int((self.nbr < 0).sum()) * self.colors
 
     # ------------------------------------------------------------------ reports
     def stuck(self) -> list[str]:

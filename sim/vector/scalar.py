@@ -3,7 +3,7 @@
 :func:`run_scalars` runs the scalar instructions of each PE of a group
 ahead of the clock, up to its next other instruction (each PE may be at a
 different program counter), in one compiled loop over the group
-(:func:`_scalar_kernel`): each PE's operand fields come from the code
+(:func:`scalar_kernel`): each PE's operand fields come from the code
 table's columns. The semantics are those of
 :mod:`wse.sim.golden.decode`, bit for bit; binary32 operations are
 :mod:`wse.sim.vector.fpk`'s. A fault stops the loop and is raised with the
@@ -20,7 +20,7 @@ from wse.firmware.isa import BY_OPCODE
 from .code import K_BAD, K_SCALAR
 from .fpk import as_f32, as_u32, fadd, fmax, fmul, fsub, ftz
 
-__all__ = ["run_scalars", "M32", "SOPS"]
+__all__ = ["run_scalars", "scalar_kernel", "scalar_fault", "M32", "SOPS", "SOP_OF"]
 
 M32 = 0xFFFFFFFF
 
@@ -97,7 +97,7 @@ def _binop(o, a, b):
 
 
 @njit(fastmath=False, cache=True)
-def _scalar_kernel(pes, limit, base, ncode, kinds, sop, op, rd, ra, rb, imm, rs, target, task, dd, cycles, regs,
+def scalar_kernel(pes, limit, base, ncode, kinds, sop, op, rd, ra, rb, imm, rs, target, task, dd, cycles, regs,
                    mem, dsd_kind, dsd_base, dsd_len, dsd_stride, activated, blocked, entry, pc, time, instructions,
                    stopped):
     """Run each PE's scalar instructions ahead of the clock (pc, time and the instruction count
@@ -208,20 +208,26 @@ def run_scalars(fab, pes: np.ndarray) -> np.ndarray:
     returns the PEs now at another instruction. A fault is raised with the golden model's message."""
     s, code = fab.s, fab.code
     stopped = np.empty(pes.size, dtype=np.int64)
-    j, kind, value, k = _scalar_kernel(
+    j, kind, value, k = scalar_kernel(
         pes, fab.cycle_limit, s.base, s.ncode, code.kind, SOP_OF, code.op, code.rd, code.ra, code.rb, code.imm,
         code.rs, code.target, code.task, code.dd, code.cycles, s.regs, s.mem, s.dsd_kind, s.dsd_base, s.dsd_len,
         s.dsd_stride, s.activated, s.blocked, s.entry, s.pc, s.time, s.counters["instructions"], stopped)
     if j < 0:
         return stopped[:k]
-    pe = int(pes[j])
+    raise scalar_fault(fab, int(pes[j]), kind, value)
+
+
+def scalar_fault(fab, pe: int, kind: int, value: int) -> Exception:
+    """The golden model's fault of PE ``pe`` for the fault ``kind`` and ``value`` that
+    :func:`scalar_kernel` returned."""
+    s, code = fab.s, fab.code
     if kind == _ADDRESS:
-        raise fab.fault(pe, f"data address {value} outside memory 0..{s.sram_words - 1}")
+        return fab.fault(pe, f"data address {value} outside memory 0..{s.sram_words - 1}")
     if kind == _TASK:
-        raise fab.fault(pe, f"task {value} has no entry point in the program")
+        return fab.fault(pe, f"task {value} has no entry point in the program")
     if kind == _FETCH:
-        raise fab.fault(pe, f"instruction fetch outside the program (0..{value})")
+        return fab.fault(pe, f"instruction fetch outside the program (0..{value})")
     if kind == _BAD:
-        raise fab.fault(pe, code.errors[int(value)])
+        return fab.fault(pe, code.errors[int(value)])
     # the ISA table grew: add its semantics here and in the golden decoder
-    raise AssertionError(f"no vector-model semantics for {BY_OPCODE[int(value)].name}")
+    return AssertionError(f"no vector-model semantics for {BY_OPCODE[int(value)].name}")
