@@ -3,13 +3,19 @@
 Each line gives the seconds of every compile stage (trace, plan, op images,
 cycle model, the rest of code generation), the total, the cycles of every
 phase, PEs x layers and the seconds per million PE-layers (compile time that
-grows at most linearly in PEs x layers keeps that figure flat). With
+grows at most linearly in PEs x layers keeps that figure flat; the growth
+line compares the CPU-second figures, which a busy machine disturbs less). With
 ``--baseline`` the cycle model also runs as the full replay (no skipped
 periods, every phase replayed even when an earlier one had the same inputs) in the same process: ``speedup`` is its time over the fast path's,
-and ``same_cycles`` says the counts agree.
+and ``same_cycles`` says the counts agree. With ``--engines`` the cycle
+model also runs with the reference engine (every router and PE visited every
+cycle; the same skipped periods and memo): ``engine_speedup`` is its time
+over the fast engine's (``same_cycles_both_engines``). ``cpu_s`` figures are the process's CPU seconds
+(steadier than wall seconds on a shared machine).
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
+    .venv/bin/python bench/compile_speed.py --cases mlp1024 --engines
     .venv/bin/python bench/compile_speed.py --cases wafer --cycles-only
 
 Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
@@ -48,7 +54,14 @@ def _model(sizes):
     return nn.Sequential(*layers)
 
 
-def run_case(name: str, baseline: bool, cycles_only: bool) -> dict:
+def _timed(fn):
+    """``(result, wall seconds, CPU seconds)`` of ``fn()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False) -> dict:
     """Compile one case stage by stage; the JSON record."""
     import torch
 
@@ -61,6 +74,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool) -> dict:
     sizes, (width, height), batch = CASES[name]
     torch.manual_seed(0)
     stages = {}
+    cpu_began = time.process_time()
     began = time.perf_counter()
     graph = trace(_model(sizes), torch.randn(2, sizes[0]))
     stages["trace"] = time.perf_counter() - began
@@ -68,24 +82,32 @@ def run_case(name: str, baseline: bool, cycles_only: bool) -> dict:
     config = FabricConfig(width=width, height=height)
     the_plan = plan(graph, config, batch)
     stages["plan"] = time.perf_counter() - t
-    t = time.perf_counter()
     cycles.MEMO = cycles.ReplayMemo()      # nothing carried over from an earlier case
-    counts = cycles.phase_cycles(the_plan, training_program(config), progress=False)
-    stages["cycle_model"] = time.perf_counter() - t
+    counts, stages["cycle_model"], cycle_cpu = _timed(
+        lambda: cycles.phase_cycles(the_plan, training_program(config), progress=False))
     if not cycles_only:
         t = time.perf_counter()
         codegen.generate(the_plan, cycles=False, progress=False)
         stages["codegen_without_cycles"] = time.perf_counter() - t
     total = sum(stages.values())
+    cpu_total = time.process_time() - cpu_began
     pe_layers = width * height * (len(sizes) - 1)
     record = {"case": name, "sizes": list(sizes), "mesh": f"{width}x{height}", "batch": batch,
               "stages_s": {k: round(v, 3) for k, v in stages.items()}, "compile_s": round(total, 3),
               "pe_layers": pe_layers, "s_per_million_pe_layers": round(total / pe_layers * 1e6, 3),
+              "cycle_model_cpu_s": round(cycle_cpu, 3), "compile_cpu_s": round(cpu_total, 3),
+              "cpu_s_per_million_pe_layers": round(cpu_total / pe_layers * 1e6, 3),
               "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts}
+    if engines:
+        cycles.MEMO = cycles.ReplayMemo()
+        same, _, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False, engine="reference"))
+        record["reference_engine_cycle_model_cpu_s"] = round(cpu, 3)
+        record["engine_speedup"] = round(cpu / cycle_cpu, 2)
+        record["same_cycles_both_engines"] = same == counts
     if baseline:
         t = time.perf_counter()
         full = cycles.phase_cycles(the_plan, training_program(config), periods=False, progress=False,
-                                   reuse=False)
+                                   reuse=False, engine="reference")
         record["baseline_cycle_model_s"] = round(time.perf_counter() - t, 3)
         record["speedup"] = round(record["baseline_cycle_model_s"] / stages["cycle_model"], 2)
         record["same_cycles"] = full == counts
@@ -101,7 +123,8 @@ def _warm_up() -> None:
     from wse.host.compiler.weight_streaming import plan
     the_plan = plan(trace(_model((4, 24, 3)), torch.randn(2, 4)), FabricConfig(width=2, height=2), 4)
     for periods in (True, False):
-        cycles.phase_cycles(the_plan, periods=periods, progress=False)
+        for engine in ("events", "reference"):
+            cycles.phase_cycles(the_plan, periods=periods, progress=False, engine=engine, reuse=False)
 
 
 def main(argv=None) -> int:
@@ -109,17 +132,18 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(DEFAULT))
     parser.add_argument("--baseline", action="store_true", help="also time the full replay (no skipped periods)")
     parser.add_argument("--cycles-only", action="store_true", help="skip code generation (huge meshes)")
+    parser.add_argument("--engines", action="store_true", help="also time the reference engine of the replay")
     args = parser.parse_args(argv)
     _warm_up()
     records = []
     for name in args.cases:
-        record = run_case(name, args.baseline, args.cycles_only)
+        record = run_case(name, args.baseline, args.cycles_only, args.engines)
         records.append(record)
         print(json.dumps(record), flush=True)
-    if len(records) > 1:       # growth: seconds per PE-layer of each case against the first
-        first = records[0]["s_per_million_pe_layers"]
+    if len(records) > 1:       # growth: CPU seconds per PE-layer of each case against the first (<= 1: linear)
+        first = records[0]["cpu_s_per_million_pe_layers"]
         print(json.dumps({"growth_vs_" + records[0]["case"]: {
-            r["case"]: round(r["s_per_million_pe_layers"] / first, 2) for r in records[1:]}}), flush=True)
+            r["case"]: round(r["cpu_s_per_million_pe_layers"] / first, 2) for r in records[1:]}}), flush=True)
     return 0
 
 

@@ -29,6 +29,11 @@ def mlp(*sizes):
     return nn.Sequential(*layers)
 
 
+def _full(network, ops, starts, ends, inject):
+    """The reference: every cycle replayed by the reference engine."""
+    return replay(network, ops, starts, ends, inject, periods=False, engine="reference")
+
+
 @pytest.fixture
 def skips(monkeypatch):
     """The periods the fast path skipped, as (period cycles, repeats)."""
@@ -66,6 +71,8 @@ def test_fast_path_equals_the_full_replay(mesh, sizes, batch, skips):
         ops, starts, ends = phase_ops(exe_plan, phase)
         inject = phase_injections(phase)
         fast = replay(network, ops, starts, ends, inject)
+        assert fast == _full(network, ops, starts, ends, inject), name
+        assert fast == replay(network, ops, starts, ends, inject, engine="reference"), name
         assert fast == replay(network, ops, starts, ends, inject, periods=False), name
     assert skips, "no period was skipped: the fast path was not exercised"
 
@@ -110,8 +117,7 @@ def test_the_rotation_phase_is_checked(monkeypatch):
     for phase in exe_plan.phases.values():
         ops, starts, ends = phase_ops(exe_plan, phase)
         inject = phase_injections(phase)
-        assert replay(network, ops, starts, ends, inject) == replay(network, ops, starts, ends, inject,
-                                                                     periods=False)
+        assert replay(network, ops, starts, ends, inject) == _full(network, ops, starts, ends, inject)
     assert periods and all(p % 7 == 0 for p in periods)
 
 
@@ -199,7 +205,7 @@ def test_phases_of_equal_inputs_are_replayed_once_with_the_same_counts():
         ops, starts, ends = phase_ops(exe_plan, phase)
         counts[name] = memo.cycles(network, ops, starts, ends, phase_injections(phase))
     assert memo.hits >= 3                       # fwd, bwd-data and bwd-weight of the equal hidden layers
-    assert counts == phase_cycles(exe_plan, periods=False, reuse=False, progress=False)
+    assert counts == phase_cycles(exe_plan, periods=False, reuse=False, progress=False, engine="reference")
     # a phase whose inputs differ in one op row is not taken from the memo
     name, phase = next(iter(exe_plan.phases.items()))
     ops, starts, ends = phase_ops(exe_plan, phase)
@@ -220,8 +226,7 @@ def test_weight_gradient_phases_skip_repeats_inside_a_rotation_step(skips):
         phase = exe_plan.phases[name]
         ops, starts, ends = phase_ops(exe_plan, phase)
         inject = phase_injections(phase)
-        assert replay(network, ops, starts, ends, inject) == replay(network, ops, starts, ends, inject,
-                                                                     periods=False), name
+        assert replay(network, ops, starts, ends, inject) == _full(network, ops, starts, ends, inject), name
     assert skips, "no repeat inside a weight-gradient rotation step was skipped"
 
 
@@ -235,3 +240,80 @@ def test_compile_model_without_cycles():
     assert all(phase.cycles == 0 for phase in bare.phases.values())
     assert executable_cycles(bare, reuse=False) == {name: phase.cycles for name, phase in full.phases.items()}
     assert [r for r in bare.routes] == [r for r in full.routes]
+
+
+# The fast engine (replay_events) against the reference engine -------------------------
+
+def _stops(network, ops, starts, ends, inject, run):
+    """The whole replay state at every op row of the PE with the longest list, until the end."""
+    from wse.host.compiler import replay as engine
+    routes = network.routes()
+    ports = engine._edge_ports(network, inject)
+    starts, ops = starts.astype(np.int64), np.ascontiguousarray(ops, dtype=np.int64)
+    queues, cores, events = engine._new_state(routes, ports, starts)
+    watch = int(np.argmax(ends - starts))
+    scalars = engine._new_scalars(starts, ports, watch)
+    out = []
+    while True:
+        status = run(routes, ports, ops, queues, cores, events, scalars, 1 << 40, watch)
+        n = events.count[engine._WRITE]
+        writes = sorted(zip(events.who[engine._WRITE, :n].tolist(), events.color[engine._WRITE, :n].tolist()))
+        out.append((status, [a.copy() for a in (*queues, *cores, ports.left, scalars)], writes))
+        if status != engine._STOPPED:
+            return out
+        scalars[engine._SEEN_PC] = cores.pc[watch] + 1
+
+
+def _same_states(a, b) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and x[2] == y[2] and all(np.array_equal(u, v) for u, v in
+                                                                          zip(x[1], y[1])) for x, y in zip(a, b))
+
+
+# mesh, sizes, batch, queue depths and colors: the meshes above, shallow queues, 7 colors
+ENGINE_CASES = MESHES[:5] + [((3, 2), (5, 20, 3), 6, {"router_depth": 1, "rx_depth": 1, "tx_depth": 2}),
+                             ((2, 2), (6, 30, 3), 4, {"colors": 7})]
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=[f"{c[0][0]}x{c[0][1]}-b{c[2]}" + ("-d" if len(c) > 3 else "")
+                                                    for c in ENGINE_CASES])
+def test_the_fast_engine_leaves_the_reference_state_at_every_op_row(case):
+    """Both engines, stopped at every op row of one PE of every phase: the same
+    queues, cores, edge ports, counters (conflicts too) and pending writes."""
+    from wse.host.compiler import replay as engine
+    from wse.host.compiler.replay_events import run_events
+    mesh, sizes, batch, depths = (*case, {})[:4]
+    torch.manual_seed(0)
+    config = FabricConfig(width=mesh[0], height=mesh[1], **depths)
+    exe_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])), config, batch)
+    network = Network(config, exe_plan.routes)
+    fast = run_events(network)
+    stops = 0
+    for name, phase in exe_plan.phases.items():
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        reference = _stops(network, ops, starts, ends, inject, engine._run)
+        assert _same_states(reference, _stops(network, ops, starts, ends, inject, fast)), name
+        assert replay(network, ops, starts, ends, inject) == _full(network, ops, starts, ends, inject), name
+        stops += len(reference)
+    assert stops > 10 * len(exe_plan.phases)
+
+
+def test_the_fast_engine_counts_the_sparse_gemm_and_the_layer_pipeline_as_the_reference(monkeypatch):
+    """The other users of the replay: the sparse GEMM's timing and the layer-pipelined phases."""
+    from wse.firmware.kernels import get_kernel
+    from wse.firmware.kernels.spgemm import sparse_mask
+    from wse.firmware.kernels.spgemm_timing import timing_ops
+    from wse.host.compiler import pipelined, pipelined_cycles
+    from wse.host.compiler import replay as engine
+    config = FabricConfig(width=4, height=3)
+    kernel = get_kernel("spgemm")
+    sparse = kernel.plan(config, kernel.resolve(config, {"rows": 24, "cols": 24, "n": 8, "sparsity": 0.7}))
+    routes, ops, starts, ends, inject = timing_ops(sparse, sparse_mask(24, 24, 0.7, np.random.default_rng(0)))
+    network = Network(config, routes)
+    fast = replay(network, ops, starts, ends, inject)
+    assert fast == _full(network, ops, starts, ends, inject) > 0
+    torch.manual_seed(0)
+    layered = pipelined.plan(trace(mlp(20, 12, 9, 7), torch.zeros(1, 20)), FabricConfig(width=5, height=4), 5)
+    counts = pipelined_cycles.phase_cycles(layered)
+    monkeypatch.setattr(engine, "DEFAULT_ENGINE", "reference")
+    assert counts == pipelined_cycles.phase_cycles(layered)

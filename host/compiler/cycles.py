@@ -10,7 +10,9 @@ the routers, edge ports and PE queues that follows ``docs/architecture.md``
 sections 3, 4 and 6 (and the golden model) to the cycle: rotating color
 priority, atomic multicast, ready bits from start-of-cycle counts, vector
 elements written to ``tx`` one cycle after they issue, ``fmacw`` popping a
-weight per chunk. The replay is a compiled loop (numba);
+weight per chunk. The replay is a compiled loop (numba) that visits only the
+routers, output queues and PEs that can act in a cycle (:mod:`.replay_events`;
+the reference loop that visits all of them is kept to check it);
 ``tests/test_weight_streaming.py`` checks it against the golden model phase
 by phase. Phases of many identical rounds skip the proven repeats of their
 state (:mod:`.replay_periods`), with the same counts as the full replay.
@@ -67,7 +69,8 @@ class ReplayMemo:
         return (*tables, depths, np.ascontiguousarray(ops, dtype=np.int64), np.asarray(starts, dtype=np.int64),
                 np.asarray(ends, dtype=np.int64), feed)
 
-    def cycles(self, network: Network, ops, starts, ends, inject: dict, *, periods: bool = True) -> int:
+    def cycles(self, network: Network, ops, starts, ends, inject: dict, *, periods: bool = True,
+               engine: str | None = None) -> int:
         """The replay's cycles of these inputs (:func:`~.replay.replay`), replayed once."""
         inputs = self._inputs(network, ops, starts, ends, inject)
         digest = hashlib.blake2b(digest_size=16)
@@ -81,7 +84,7 @@ class ReplayMemo:
             self._store.move_to_end(key)
             self.hits += 1
             return stored[1]
-        result = replay(network, ops, starts, ends, inject, periods=periods)
+        result = replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
         self._store[key] = (inputs, result)
         while len(self._store) > self.size:
             self._store.popitem(last=False)
@@ -92,11 +95,11 @@ class ReplayMemo:
 MEMO = ReplayMemo()
 
 
-def _replay_phase(network, ops, starts, ends, inject, periods: bool, reuse: bool) -> int:
+def _replay_phase(network, ops, starts, ends, inject, periods: bool, reuse: bool, engine: str | None) -> int:
     """One phase's cycles: through :data:`MEMO`, or a fresh replay without ``reuse``."""
     if reuse:
-        return MEMO.cycles(network, ops, starts, ends, inject, periods=periods)
-    return replay(network, ops, starts, ends, inject, periods=periods)
+        return MEMO.cycles(network, ops, starts, ends, inject, periods=periods, engine=engine)
+    return replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
 
 
 def op_table(config, pe_words, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -147,13 +150,15 @@ def phase_injections(phase) -> dict:
 
 
 def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
-                 progress: bool = True, reuse: bool = True) -> dict[str, int]:
+                 progress: bool = True, reuse: bool = True, engine: str | None = None) -> dict[str, int]:
     """Cycles of every phase of a weight-streaming plan, as the golden model counts them.
 
     ``periods`` lets the replay skip proven repeats (:mod:`.replay_periods`;
     the counts are the same either way); ``reuse`` takes the count of a phase
     whose replay inputs equal an earlier one's from :data:`MEMO` (same counts;
-    ``False`` replays every phase: the reference path with ``periods=False``);
+    ``False`` replays every phase: the reference path with ``periods=False``
+    and ``engine="reference"``); ``engine`` picks the replay's cycle loop
+    (:data:`~.replay.ENGINES`; the same counts);
     ``progress`` reports the phases on stderr when the model takes more than a
     few seconds (:mod:`.progress`).
     ``program`` is not needed (the timing ops follow ``train.s``); it is
@@ -167,16 +172,17 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
         for name, phase in plan.phases.items():
             bar.step(name)
             ops, starts, ends = phase_ops(plan, phase)
-            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse)
+            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse, engine)
     return out
 
 
-def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse: bool = True) -> dict[str, int]:
+def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse: bool = True,
+                      engine: str | None = None) -> dict[str, int]:
     """Cycles of every phase of a weight-streaming executable, from what it
     holds (op images, routes, weight streams): the counts
     :func:`phase_cycles` gives at compile time, for an executable compiled
-    without them (``generate(plan, cycles=False)``); ``periods``, ``progress``
-    and ``reuse`` as for :func:`phase_cycles`."""
+    without them (``generate(plan, cycles=False)``); ``periods``, ``progress``,
+    ``reuse`` and ``engine`` as for :func:`phase_cycles`."""
     from .progress import Progress
 
     if exe.mode != "weight_streaming":
@@ -189,5 +195,5 @@ def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse
         for name, phase in exe.phases.items():
             bar.step(name)
             ops, starts, ends = executable_phase_ops(exe, images[phase.ops_addr])
-            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse)
+            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse, engine)
     return out

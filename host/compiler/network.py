@@ -67,6 +67,26 @@ class Network:
         x, y = {"N": (index, 0), "S": (index, H - 1), "W": (0, index), "E": (W - 1, index)}[edge]
         return y * W + x, int(_EDGE_PORT[edge])
 
+    def upstream(self) -> np.ndarray:
+        """``[routers, colors]``: where router ``r``'s route of color ``c`` takes
+        its wavelets from: the neighbour router's index for a mesh port, -1 for
+        the ramp (the PE's output queue), -2 for the mesh edge or no route.
+        The fast replay (:mod:`.replay_events`) wakes it when that FIFO loses
+        a wavelet."""
+        W, H = self.config.width, self.config.height
+        n = W * H
+        r = np.arange(n)
+        x, y = r % W, r // W
+        up = np.full(self.input_port.shape, -2, dtype=np.int64)
+        up[self.input_port == int(Port.RAMP)] = -1
+        for port in (Port.N, Port.E, Port.S, Port.W):
+            dx, dy = port.delta
+            nx, ny = x + dx, y + dy
+            inside = (nx >= 0) & (nx < W) & (ny >= 0) & (ny < H)
+            at = (self.input_port == int(port)) & inside[:, None]
+            up[at] = np.broadcast_to((ny * W + nx)[:, None], up.shape)[at]
+        return up
+
     def routes(self) -> Routes:
         """The tables and the queue depths, as the compiled replay takes them."""
         cfg = self.config

@@ -29,7 +29,10 @@ start and applied at its end, in this order:
    wavelets are left in an input queue at the end, and after ``limit``
    cycles).
 
-The replay is compiled (numba). Its state is grouped in named tuples of
+The replay is compiled (numba). This module's :func:`_run` is the reference
+engine, which visits every router and PE every cycle; :mod:`.replay_events`
+is the default engine, which visits only who can act and takes the same
+decisions (:data:`ENGINES`). Its state is grouped in named tuples of
 arrays: :class:`Routes` (read-only tables, :mod:`.network`),
 :class:`EdgePorts`, :class:`Queues`, :class:`Cores` and :class:`Events` (one
 cycle's decisions). A run can stop (when a watched PE reaches an op row) and
@@ -49,7 +52,7 @@ from wse.firmware.training.timing import BUSY, END, RECV
 
 from .network import TO_EDGE, TO_PE, TO_ROUTER, Network, Routes
 
-__all__ = ["Network", "Routes", "replay", "TO_ROUTER", "TO_PE", "TO_EDGE"]
+__all__ = ["Network", "Routes", "replay", "ENGINES", "TO_ROUTER", "TO_PE", "TO_EDGE"]
 
 _RAMP = int(Port.RAMP)
 
@@ -426,8 +429,9 @@ def _next_wake(cores, t, limit):
 def _new_state(routes, ports, starts):
     """Empty queues, PEs at their first ops, no events."""
     routers, colors = routes.input_port.shape
-    queues = Queues(np.zeros((routers, colors), dtype=np.int64), np.zeros(routers, dtype=np.int64),
-                    np.zeros((routers, colors), dtype=np.int64), np.zeros((routers, routes.tx_depth), dtype=np.int64),
+    # Queue counts as int32: the FIFOs and input queues of a router in one cache line.
+    queues = Queues(np.zeros((routers, colors), dtype=np.int32), np.zeros(routers, dtype=np.int64),
+                    np.zeros((routers, colors), dtype=np.int32), np.zeros((routers, routes.tx_depth), dtype=np.int64),
                     np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64))
     cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64),
                   np.full(routers, -1, dtype=np.int64), np.zeros(routers, dtype=np.bool_),
@@ -525,15 +529,25 @@ def _edge_ports(network: Network, inject: dict) -> EdgePorts:
     return EdgePorts(router, code, left, left.sum(axis=1))
 
 
+#: The engines of :func:`replay`: ``"events"`` (:mod:`.replay_events`, visits only who can act) and
+#: ``"reference"`` (:func:`_run`, visits every router and PE every cycle); the same cycles.
+ENGINES = ("events", "reference")
+#: The engine :func:`replay` uses when none is named (tests set it to check whole compilers against the reference).
+DEFAULT_ENGINE = "events"
+
+
 def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
-           limit: int = 1 << 40, periods: bool = True) -> int:
+           limit: int = 1 << 40, periods: bool = True, engine: str | None = None) -> int:
     """Cycles of one run: PE ``p`` executes ``ops[starts[p]:ends[p]]``, the
     edge ports inject ``inject[(edge, index)][color]`` wavelets.
 
     Each PE's ops end with ``END`` (as :func:`wse.firmware.training.timing.pe_ops`
     writes them), which ends its run. With ``periods`` (the default) the replay
     skips repeats of a proven period of the whole fabric's state
-    (:mod:`.replay_periods`); the count is the same as without.
+    (:mod:`.replay_periods`); the count is the same as without. ``engine``
+    (:data:`ENGINES`, :data:`DEFAULT_ENGINE` if None) picks the cycle loop:
+    the fast one by default, the reference to check it against; the count
+    is the same.
 
     Raises
     ------
@@ -542,19 +556,24 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
         hang: a wait that never ends, wavelets that can never enter the fabric
         or that stay in an input queue, or more than ``limit`` cycles).
     """
+    from .replay_events import run_events
     from .replay_periods import run_with_periods
 
+    engine = DEFAULT_ENGINE if engine is None else engine
+    if engine not in ENGINES:
+        raise ValueError(f"replay engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    run = run_events(network) if engine == "events" else _run
     routes = network.routes()
     ports = _edge_ports(network, inject)
     starts = starts.astype(np.int64)
-    ops = np.ascontiguousarray(ops, dtype=np.int64)
+    ops = np.ascontiguousarray(ops, dtype=np.int32)     # half the bytes of int64: the PEs read them every cycle
     queues, cores, events = _new_state(routes, ports, starts)
     if periods and starts.shape[0] > 0:
         watch = int(np.argmax(np.asarray(ends) - starts))     # the PE with the longest op list
-        result = run_with_periods(routes, ports, ops, queues, cores, events, limit, watch, int(ends[watch]))
+        result = run_with_periods(routes, ports, ops, queues, cores, events, limit, watch, int(ends[watch]), run)
     else:
         scalars = _new_scalars(starts, ports, -1)
-        result = _run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
+        result = run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
         if result == _FINISHED:
             result = scalars[_LAST] + 1
     if result < 0:

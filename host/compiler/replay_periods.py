@@ -29,7 +29,12 @@ one PE (the one with the longest op list) stands at a new op row, a hash of
 the relative state (and each PE's current op row) is looked up among the
 earlier stops, and a repeat with ``D`` a multiple of ``colors`` is checked by
 replaying one more period and comparing the two states exactly, as above.
-A skip is taken only on that exact check. ``tests/test_compile_speed.py``
+A skip is taken only on that exact check. When the watched PE's op list has
+an inner loop inside its rounds, both levels are watched: inner skips stop
+short of the watched PE's next round, so every round is entered in the true
+state, and repeats of whole rounds (periods that are multiples of
+``colors``) are skipped too (:func:`run_with_periods`).
+``tests/test_compile_speed.py``
 checks that the counts equal the replay without skips and the golden model.
 """
 
@@ -74,8 +79,10 @@ def _state_hash(queues, cores, events, left, ops, t):
         row = cores.pc[r]
         for f in range(ops.shape[1]):
             h = add(h, ops[row, f])
+    writes = np.uint64(0)          # in any order: the engines record them in different orders
     for g in range(events.count[_WRITE]):
-        h = add(h, events.who[_WRITE, g] * 64 + events.color[_WRITE, g])
+        writes += add(np.uint64(0), events.who[_WRITE, g] * 64 + events.color[_WRITE, g])
+    h = add(h, writes)
     for p in range(left.shape[0]):
         for c in range(left.shape[1]):
             h = add(h, 1 if left[p, c] > 0 else 0)
@@ -96,7 +103,8 @@ def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars) -> dic
                     free=np.where(active, np.maximum(cores.free_at - t, 0), 0),
                     index=np.where(active, cores.vector_index, 0),
                     written=active & (cores.written_at == t),
-                    writes=np.stack([events.who[_WRITE, :writes], events.color[_WRITE, :writes]]),
+                    writes=np.unique(np.stack([events.who[_WRITE, :writes], events.color[_WRITE, :writes]], axis=1),
+                                     axis=0),
                     has_left=ports.left > 0, phase=np.array([t % colors]), n=np.array([n])),
         "pc": cores.pc.copy(), "left": ports.left.copy(), "t": t, "conflicts": int(scalars[_CONFLICTS])}
 
@@ -137,14 +145,16 @@ def _repeats(ops, pcs, shifts, most):
     return most
 
 
-def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int) -> int:
-    """Skip the most repeats of the period from ``first`` to ``second`` (the current state) that are
-    proven to repeat; returns how many (0: none)."""
+def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap=None) -> int:
+    """Skip the most repeats (at most ``cap``, if given) of the period from ``first`` to
+    ``second`` (the current state) that are proven to repeat; returns how many (0: none)."""
     period = second["t"] - first["t"]
     shift = second["pc"] - first["pc"]
     if period <= 0 or (shift < 0).any():
         return 0
     most = (limit - 1 - second["t"]) // period
+    if cap is not None:
+        most = min(most, cap)
     injected = first["left"] - second["left"]
     if (injected < 0).any():
         return 0
@@ -212,52 +222,109 @@ def _prefix_function(seq):
     return fail
 
 
-def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watch: int, end: int) -> int:
+def _check(candidates: list, t: int, state, ops, cores, ports, scalars, limit: int, cap) -> bool:
+    """Check the candidates due at ``t`` (dropping those due before); skip on the
+    first exact repeat (at most ``cap(first, second)`` periods). True if skipped."""
+    queues, events, colors = state
+    due = [c for c in candidates if c[0]["t"] + c[1] <= t]
+    candidates[:] = [c for c in candidates if c[0]["t"] + c[1] > t]
+    second = None
+    for first, period in due:
+        if first["t"] + period != t:
+            continue
+        second = second or _snapshot(queues, cores, events, ports, t, colors, scalars)
+        if _same(first, second) and _skip(first, second, ops, cores, ports, scalars, limit, cap(first, second)):
+            if second["conflicts"] != first["conflicts"]:
+                # the skipped cycles had rotation-dependent grants too: a longer
+                # window around them must not count as free of them
+                scalars[_CONFLICTS] += 1
+            return True
+    return False
+
+
+def _propose(candidates: list, seen: dict, key: int, t: int, state, cores, ports, scalars, spans) -> None:
+    """Note the state hash ``key`` at ``t``; on a repeat, queue its periods (``spans(period)``) for checking."""
+    queues, events, colors = state
+    before = seen.get(key)
+    seen[key] = t
+    if before is None:
+        return
+    snap = None
+    for span in spans(t - before):
+        if len(candidates) < _MAX_CANDIDATES and all(span != c[1] for c in candidates):
+            snap = snap or _snapshot(queues, cores, events, ports, t, colors, scalars)
+            candidates.append((snap, span))
+
+
+def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watch: int, end: int,
+                     run=_run) -> int:
     """The replay's result (cycles, or a negative hang code) from a fresh state,
-    skipping the proven repeats of periods of the fabric's state (module docstring)."""
+    skipping the proven repeats of periods of the fabric's state (module docstring).
+    ``run`` is the engine (:func:`.replay._run` or :func:`.replay_events.run_events`'s).
+
+    Repeats are looked for on two levels of the watched PE's op list: its
+    inner loop (:func:`_stride`) and its rounds (:func:`_row_period`). An
+    inner skip never carries the watched PE into its next round, so every
+    round's first cycle is replayed and the rounds' states are compared too:
+    a phase of many rounds replays a few of them. The rotation rule is the
+    same on both levels: a period that is not a multiple of ``colors`` is
+    taken only if no grant in it depended on the rotation, counting the
+    inner skips inside it (a skipped period that had such grants marks the
+    conflict counter)."""
     colors = routes.input_port.shape[1]
     scalars = _new_scalars(cores.pc, ports, watch)
     base = int(cores.pc[watch])
     stride = _stride(ops[base:end])
     if stride == 0:           # no rounds to repeat: the plain replay
         scalars[_SEEN_PC] = limit
-        status = _run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
+        status = run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
         return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
-    scalars[_SEEN_PC] = base + stride
+    outer = _row_period(ops[base:end])
+    outer = outer if outer > stride else 0
+    state = (queues, events, colors)
+
+    def following(level: int, pc: int) -> int:
+        return base + ((pc - base) // level + 1) * level
+
+    def next_stop() -> int:
+        pc = int(cores.pc[watch])
+        return min(following(stride, pc), following(outer, pc)) if outer else following(stride, pc)
+
+    def inner_cap(first, second):
+        """Inner skips end before the watched PE's next round begins."""
+        moved = int(second["pc"][watch] - first["pc"][watch])
+        if not outer or moved <= 0:
+            return None
+        return (following(outer, int(second["pc"][watch])) - 1 - int(second["pc"][watch])) // moved
+
+    def spans(period: int) -> list:
+        return sorted({period, period * colors // math.gcd(period, colors)})
+
+    scalars[_SEEN_PC] = next_stop()
     seen: dict[int, int] = {}
     candidates: list = []                 # (snapshot at t2, period D): checked at t2 + D
+    rounds_seen: dict[int, int] = {}
+    round_candidates: list = []
+    last_round = 0
     while True:
-        status = _run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
+        status = run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
         if status != _STOPPED:
             return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
         t = int(scalars[_T])
-        # the next stop: when the watched PE enters its next round of ``stride`` rows
-        scalars[_SEEN_PC] = base + ((int(cores.pc[watch]) - base) // stride + 1) * stride
-        due = [c for c in candidates if c[0]["t"] + c[1] <= t]
-        if due:
-            candidates = [c for c in candidates if c[0]["t"] + c[1] > t]
-            second = None
-            for first, period in due:
-                if first["t"] + period != t:
-                    continue
-                second = second or _snapshot(queues, cores, events, ports, t, colors, scalars)
-                if _same(first, second) and _skip(first, second, ops, cores, ports, scalars, limit):
-                    scalars[_SEEN_PC] = base + ((int(cores.pc[watch]) - base) // stride + 1) * stride
-                    seen.clear()
-                    candidates = []
-                    break
-            if scalars[_T] != t:
+        scalars[_SEEN_PC] = next_stop()
+        at_round = outer and (int(cores.pc[watch]) - base) // outer != last_round
+        if at_round:
+            last_round = (int(cores.pc[watch]) - base) // outer
+            if _check(round_candidates, t, state, ops, cores, ports, scalars, limit, lambda a, b: None):
+                last_round = (int(cores.pc[watch]) - base) // outer
+                scalars[_SEEN_PC] = next_stop()
+                seen.clear(), candidates.clear(), rounds_seen.clear(), round_candidates.clear()
                 continue
+        if _check(candidates, t, state, ops, cores, ports, scalars, limit, inner_cap):
+            scalars[_SEEN_PC] = next_stop()
+            seen.clear(), candidates.clear()
+            continue
         key = int(_state_hash(queues, cores, events, ports.left, ops, t))
-        before = seen.get(key)
-        seen[key] = t
-        if before is not None:
-            period = t - before
-            # A period over which no grant depended on the color rotation repeats
-            # at any phase of it; else only a multiple of ``colors`` is proven.
-            lcm = period * colors // math.gcd(period, colors)
-            snap = None
-            for span in sorted({period, lcm}):
-                if len(candidates) < _MAX_CANDIDATES and all(span != c[1] for c in candidates):
-                    snap = snap or _snapshot(queues, cores, events, ports, t, colors, scalars)
-                    candidates.append((snap, span))
+        _propose(candidates, seen, key, t, state, cores, ports, scalars, spans)
+        if at_round:
+            _propose(round_candidates, rounds_seen, key, t, state, cores, ports, scalars, spans)
