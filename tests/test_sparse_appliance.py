@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from wse.host.appliance import TrainConfig, load_job, resolve_settings, train
 from wse.host.appliance import checkpoint as ckpt
 from wse.host.appliance.cli import main
+from wse.host.appliance.folder import tier_disk_bytes
 from wse.host.appliance.preparation import load_run
 from wse.host.appliance.sparsity import run_masks
 from wse.host.data import Batches
@@ -71,6 +72,10 @@ def test_sparse_run_matches_pytorch_with_gradient_masking(tmp_path, steps, optim
     fab = summary.data["fabric"]
     assert 0 < fab["cycles_per_step"] < fab["dense_cycles_per_step"]
     assert "sparsity    :" in summary.describe()
+    state = summary.data["memoryx_state"]                      # MemoryX's optimizer state: kept weights only
+    assert f"optimizer state {state['state_bytes']:,} bytes ({state['dense_state_bytes']:,} dense)" \
+        in summary.describe()
+    assert state["state_bytes"] < 0.3 * state["dense_state_bytes"]
     _, memoryx = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "run"))
     manifest = json.loads(next((tmp_path / "run").glob("checkpoints/*/memoryx/memoryx.json")).read_text())
     assert sorted(manifest["masks"]) == ["fc1.weight", "fc2.weight"]           # the classifier stays dense
@@ -78,6 +83,49 @@ def test_sparse_run_matches_pytorch_with_gradient_masking(tmp_path, steps, optim
         assert manifest["masks"][name] == np.flatnonzero(mask).tolist()       # indices, not a dense mask
         assert abs(mask.mean() - 0.25) < 0.01
         assert np.all(memoryx.weight(name)[~mask] == 0)                       # pruned weights stay zero
+
+
+@pytest.mark.parametrize("optimizer,budget", [("nesterov", None), ("adam", "0")])
+def test_sparse_run_updates_like_dense_state_gradient_masking(tmp_path, monkeypatch, optimizer, budget):
+    """MemoryX keeps the optimizer state of the kept weights only; replaying the run's gradients through
+    ``torch.optim`` on dense weights and state with gradient masking gives the same bits (a disk tier too)."""
+    seen: list = []
+    apply = MemoryX.apply_gradients
+
+    def recording(self, grads):
+        if not seen:
+            seen.append({name: np.array(self.weight(name)) for name in self.names()})
+        seen.append({name: np.array(g) for name, g in grads.items()})
+        return apply(self, grads)
+
+    monkeypatch.setattr(MemoryX, "apply_gradients", recording)
+    example = EXAMPLE
+    if optimizer == "nesterov":
+        example = tmp_path / "job.py"
+        example.write_text(EXAMPLE.read_text() + '\nOPTIMIZER = {"name": "sgd", "lr": 0.05, "momentum": 0.9, '
+                           '"nesterov": True, "weight_decay": 0.001}\n')
+    extra = dict(optimizer="adam", lr=0.003) if optimizer == "adam" else {}
+    train(TrainConfig(example, out=tmp_path / "run", max_steps=8, sparsity=0.75, memoryx_budget=budget,
+                      **extra, **BASE))
+    _, memoryx = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "run"))
+    masks = memoryx.masks
+    params = {name: torch.from_numpy(value) for name, value in seen[0].items()}
+    reference = memoryx.config.build(list(params.values()))
+    for grads in seen[1:]:
+        for name, param in params.items():
+            param.grad = torch.from_numpy(grads[name] * masks.get(name, np.float32(1)))
+        reference.step()
+    for name, param in params.items():
+        mine, dense = memoryx.weight(name).view(np.uint32), param.numpy()
+        if name in masks:
+            assert np.all(mine[~masks[name]] == 0), name                # pruned weights: exactly +0
+            assert all(state.shape in ((), (int(masks[name].sum()),))      # compact state
+                       for state in memoryx.optimizer_state(name).values())
+            dense = np.where(masks[name], dense, np.float32(0))          # dense state leaves +0 or -0 there
+        assert np.array_equal(mine, dense.view(np.uint32)), name
+    sizes = memoryx.state_bytes()
+    assert sizes["state_bytes"] < 0.4 * sizes["dense_state_bytes"]
+    assert tier_disk_bytes(memoryx, 0) == 4 * memoryx.num_elements + sizes["state_bytes"]     # all on disk
 
 
 def test_sparse_resume_is_bit_exact(tmp_path):
@@ -114,11 +162,18 @@ def test_resuming_with_another_mask_is_refused(tmp_path, capsys):
     assert len(err) == 1 and "--sparsity" in err[0] and "differs from the run being resumed" in err[0]
     manifest_path = next(Path(out).glob("checkpoints/*/memoryx/memoryx.json"))
     manifest = json.loads(manifest_path.read_text())
-    manifest["masks"]["fc1.weight"] = manifest["masks"]["fc1.weight"][1:]    # a checkpoint with another mask
+    kept = manifest["masks"]["fc1.weight"]
+    pruned = next(i for i in range(kept[-1]) if i not in set(kept))
+    manifest["masks"]["fc1.weight"] = sorted(kept[1:] + [pruned])   # another mask, as many kept weights
     manifest_path.write_text(json.dumps(manifest))
     assert main(_cli("--out", out, "--resume")) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "checkpoint's mask of fc1.weight" in err[0]
+    assert len(err) == 1 and "checkpoint's mask of fc1.weight" in err[0] and "is not the one" in err[0]
+    manifest["masks"]["fc1.weight"] = kept[1:]          # fewer kept weights than its compact state holds
+    manifest_path.write_text(json.dumps(manifest))
+    assert main(_cli("--out", out, "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"checkpoint's mask of fc1.weight keeps {len(kept) - 1} weights" in err[0]
 
 
 def test_bad_masks_and_job_sparsity_are_usage_errors(tmp_path, capsys):

@@ -281,7 +281,8 @@ def _fill(out: Path, executable: Any, replace: bool) -> None:
 def tier_disk_bytes(memoryx: Any, budget: int, systems: int = 1, rank: int | None = None) -> int:
     """Disk bytes the MemoryX disk tier of a run takes under ``budget`` per system: for system ``rank``, or
     for all ``systems`` together (``rank`` None). ``memoryx`` is the run's whole MemoryX (weights, and the
-    optimizer state its optimizer will create); tensors are placed in MemoryX's creation order."""
+    optimizer state its optimizer will create, a masked weight's for its kept weights only); tensors are
+    placed in MemoryX's creation order."""
     names = memoryx.names()
     shapes = {name: tuple(memoryx.shape(name)) for name in names}
     shard_map = ShardMap(shapes, systems) if systems > 1 else None
@@ -290,7 +291,8 @@ def tier_disk_bytes(memoryx: Any, budget: int, systems: int = 1, rank: int | Non
     for r in range(systems) if rank is None else [rank]:
         count = {name: len(shard_map.range(name, r)) if shard_map else math.prod(shapes[name]) for name in names}
         sizes = [4 * count[name] for name in names]
-        sizes += [4 * (1 if slot == "step" else count[name]) for name in names for slot in slots]
+        kept = {} if shard_map else {n: int(m.sum()) for n, m in getattr(memoryx, "masks", {}).items()}
+        sizes += [4 * (1 if slot == "step" else kept.get(name, count[name])) for name in names for slot in slots]
         total += planned_disk_bytes(sizes, budget)
     return total
 

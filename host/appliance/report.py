@@ -279,8 +279,11 @@ class RunSummary:
         ]
         dense = self.data["fabric"].get("dense_cycles_per_step")
         if dense:
+            state = self.data.get("memoryx_state") or {}
             lines.insert(2, f"  sparsity    : {self.cycles_per_step:,.0f} cycles/step against {dense:,} dense "
-                            f"({self.cycles_per_step / dense:.3f}x)")
+                            f"({self.cycles_per_step / dense:.3f}x)" + (
+                                f"; optimizer state {state['state_bytes']:,} bytes ({state['dense_state_bytes']:,} "
+                                "dense)" if state else ""))
         systems = self.data.get("systems") or {}
         swarmx = systems.get("swarmx")
         if systems.get("count", 1) > 1 and swarmx:
@@ -367,6 +370,7 @@ def finish_run(p: "Prepared", trainer: dict, resumed_from: int | None, steps_bef
             "dense_cycles_per_step": getattr(p, "dense_cycles", None),
         },
         "systems": systems,
+        "memoryx_state": p.memoryx.state_bytes() if hasattr(p.memoryx, "state_bytes") else None,
         "wall_s": wall,
         "step_time_s": step_s / ran if ran else 0.0,    # train_step + optimizer step, this invocation
         "steps_per_s_after_first": trainer.get("steps_per_s_after_first"),

@@ -19,6 +19,7 @@ import torch
 from wse.config import UsageError
 
 from .checkpoint import read_checkpoint, write_checkpoint
+from .masked import check_masks, compact, kept_indices, read_masks, state_bytes, state_shape
 from .optim import OptimizerConfig, state_slots
 from .store import InMemoryStore, TensorStore
 
@@ -29,7 +30,7 @@ NONFINITE_POLICIES = ("raise", "skip", "apply")
 
 _SLOT_SEP = "::"
 _FORMAT = "wse.memoryx"
-_VERSION = 1
+_VERSION = 2                            # 2: a masked weight's optimizer state is compact (1: dense), see .masked
 
 
 class NonFiniteGradientError(UsageError):
@@ -113,6 +114,8 @@ class MemoryX:
         self.step_count = 0
         self.skipped_steps = 0
         self._masks: dict[str, np.ndarray] = {}
+        self._kept: dict[str, np.ndarray] = {}              # a masked weight's kept flat indices
+        self._steppers: dict[str, torch.Tensor] = {}        # what torch.optim steps for a masked weight
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -167,7 +170,7 @@ class MemoryX:
                 self._params[name] = torch.from_numpy(array)
                 self._slots[name] = {}
             self._order = list(new_order or arrays)
-            self._optimizer = self._config.build(list(self._params.values()))
+            self._optimizer = self._config.build([self._stepper(name) for name in self._params])
             return
         missing = [name for name in self._order if name not in arrays]
         unexpected = [name for name in arrays if name not in self._params]
@@ -256,6 +259,8 @@ class MemoryX:
         """The optimizer-state tensors of ``name`` as read-only views, by ``torch.optim`` slot name.
 
         Empty until the tensor has been stepped (and for SGD without momentum).
+        A masked weight's state is compact: 1-D over its kept flat indices,
+        ascending (:mod:`.masked`); Adam's ``step`` is 0-d.
         """
         self._need(name)
         views = {}
@@ -301,16 +306,18 @@ class MemoryX:
             raise UsageError("MemoryX holds no tensors yet; there is nothing to copy")
         twin = type(self).from_state_dict({name: self.weight(name) for name in self._order}, self._config,
                                          order=self._order, store=store, nonfinite=self._nonfinite)
+        twin.set_masks(self._masks)
         for name in self._order:
             for slot, value in self.optimizer_state(name).items():
                 twin._set_slot(name, slot, value)
         twin.step_count, twin.skipped_steps = self.step_count, self.skipped_steps
-        twin._masks = self.masks
         return twin
 
     def set_optimizer_state(self, name: str, slot: str, value: np.ndarray) -> None:
         """Set optimizer-state tensor ``slot`` of ``name`` (created if absent) to ``value``:
         state the optimizer ran elsewhere (the layer-pipelined mode's PEs) adopted by MemoryX.
+
+        A masked weight takes its compact state, or dense state, whose kept entries are kept.
 
         Raises
         ------
@@ -321,9 +328,13 @@ class MemoryX:
         if slot not in state_slots(self._config):
             raise UsageError(f"optimizer {self._config.name} keeps no state {slot!r}")
         value = _as_float32(value, f"optimizer state {name}{_SLOT_SEP}{slot}")
-        if value.shape != self.shape(name):
+        kept = self._kept.get(name)
+        expected = state_shape(slot, kept, self.shape(name))
+        if kept is not None and slot != "step" and value.shape == self.shape(name):
+            value = compact(value, slot, kept)
+        if value.shape != expected:
             raise UsageError(f"optimizer state {name}{_SLOT_SEP}{slot} has shape {value.shape}, "
-                             f"expected {self.shape(name)}")
+                             f"expected {expected}")
         if slot in self._slots[name]:
             self._store.get(name + _SLOT_SEP + slot)[...] = value
         else:
@@ -331,7 +342,7 @@ class MemoryX:
 
     def _set_slot(self, name: str, slot: str, value: np.ndarray) -> None:
         """Create optimizer-state tensor ``slot`` of ``name`` in the store, holding ``value``."""
-        state = self._optimizer.state[self._params[name]]
+        state = self._optimizer.state[self._stepper(name)]
         array = self._store.create(name + _SLOT_SEP + slot, value.shape, dtype=value.dtype)
         array[...] = value
         self._slots[name][slot] = state[slot] = torch.from_numpy(array)
@@ -343,9 +354,19 @@ class MemoryX:
         """
         return collections.OrderedDict((name, self._params[name].detach().clone()) for name in self._order)
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the optimizer state the optimizer keeps once every tensor has been stepped:
+        ``{"state_bytes": held (a masked weight's over its kept weights only), "dense_state_bytes":
+        the same state kept dense}``."""
+        slots = state_slots(self._config)
+        return {"state_bytes": state_bytes(slots, {name: self.shape(name) for name in self._order}, self._kept),
+                "dense_state_bytes": state_bytes(slots, {name: self.shape(name) for name in self._order}, {})}
+
     def __repr__(self) -> str:
+        sizes = self.state_bytes()
         return (f"MemoryX({self._config!r}, tensors={len(self)}, elements={self.num_elements}, "
-                f"step_count={self.step_count})")
+                f"step_count={self.step_count}, state_bytes={sizes['state_bytes']}"
+                + (f" of {sizes['dense_state_bytes']} dense" if self._masks else "") + ")")
 
     # ---------------------------------------------------------------- sparsity
     @property
@@ -354,29 +375,44 @@ class MemoryX:
         return {name: mask.copy() for name, mask in self._masks.items()}
 
     def set_masks(self, masks: Mapping[str, Any]) -> None:
-        """Fix static sparsity masks (``docs/weight_streaming.md`` section 13): each
-        named weight is multiplied by its mask now, and every later gradient of it
-        before the optimizer step (PyTorch's ``weight.grad *= mask``), so pruned
-        weights stay zero. Tensors not named stay dense.
+        """Fix static sparsity masks (``docs/weight_streaming.md`` section 13).
+
+        Each named weight's pruned entries become ``+0`` and stay so: its
+        optimizer state is kept for the kept weights only (compact, see
+        :mod:`.masked`; state it had is gathered there) and each step updates
+        only the kept weights, with the bits of PyTorch with gradient masking
+        (``weight.grad *= mask`` before the step) on dense state. Tensors not
+        named stay as they are.
 
         Raises
         ------
         UsageError
             For an unknown tensor, or a mask of another shape or not 0/1.
         """
-        checked = {}
-        for name, mask in masks.items():
-            array = np.asarray(mask)
-            if array.shape != self.shape(name):
-                raise UsageError(f"mask of {name!r} has shape {array.shape}, expected the weight's shape "
-                                 f"{self.shape(name)}")
-            if array.dtype != bool and not np.isin(array, (0, 1)).all():
-                raise UsageError(f"mask of {name!r} must hold only 0 and 1 (or booleans)")
-            checked[name] = array.astype(bool)
+        checked = check_masks(masks, self.shape)
+        fresh = {name: torch.empty(0) for name in checked if name not in self._steppers}
+        if fresh:                           # torch.optim steps a compact tensor for each newly masked weight
+            before = {name: self._stepper(name) for name in self._params}
+            self._steppers.update(fresh)
+            old, self._optimizer = self._optimizer, self._config.build([self._stepper(n) for n in self._params])
+            for name, tensor in before.items():
+                if old is not None and old.state.get(tensor):
+                    self._optimizer.state[self._stepper(name)] = old.state[tensor]
         for name, mask in checked.items():
-            weight = self._store.get(name)
-            weight *= mask.astype(np.float32)
-            self._masks[name] = mask
+            np.copyto(self._store.get(name), np.float32(0), where=~mask)
+            kept, old_kept = kept_indices(mask), self._kept.get(name)
+            self._masks[name], self._kept[name] = mask, kept
+            for slot in sorted(self._slots[name]):
+                key = name + _SLOT_SEP + slot
+                value = compact(self._store.get(key), slot, kept, old_kept)
+                self._store.delete(key)
+                del self._slots[name][slot]
+                self._set_slot(name, slot, value)
+
+    def _stepper(self, name: str) -> torch.Tensor:
+        """The tensor torch.optim steps for ``name``: the weights, or a masked weight's compact tensor
+        (empty between steps; it holds the kept weights during one)."""
+        return self._steppers.get(name, self._params[name])
 
     # ---------------------------------------------------------------- updating
     def apply_gradients(self, grads: Mapping[str, Any]) -> bool:
@@ -418,8 +454,8 @@ class MemoryX:
                 array = _as_float32(grads[name], f"gradient for {name!r}")
                 if array.shape != self.shape(name):
                     raise UsageError(f"gradient for {name!r} has shape {array.shape}, expected {self.shape(name)}")
-                if name in self._masks:         # only the kept weights' gradients count
-                    array = array * self._masks[name].astype(np.float32)
+                if name in self._kept:          # only the kept weights' gradients stream out
+                    array = np.take(array.reshape(-1), self._kept[name])
                 arrays[name] = array
         bad = [name for name, array in arrays.items() if not np.isfinite(array).all()]
         if bad and self._nonfinite == "raise":
@@ -427,14 +463,23 @@ class MemoryX:
         if bad and self._nonfinite == "skip":
             self.skipped_steps += 1
             return False
-        for name, param in self._params.items():
+        masked = [name for name in arrays if name in self._kept]
+        for name in self._params:
+            if name in self._kept and name in arrays:   # the kept weights, gathered
+                self._stepper(name).set_(torch.from_numpy(np.take(self._store.get(name).reshape(-1),
+                                                                  self._kept[name])))
             # A private copy: torch.optim must never alias the caller's buffers.
-            param.grad = torch.from_numpy(np.array(arrays[name], order="C")) if name in arrays else None
+            self._stepper(name).grad = torch.from_numpy(np.array(arrays[name], order="C")) \
+                if name in arrays else None
         try:
             self._optimizer.step()
+            for name in masked:                         # scattered back; pruned weights stay +0
+                self._store.get(name).reshape(-1)[self._kept[name]] = self._stepper(name).numpy()
         finally:
-            for param in self._params.values():
-                param.grad = None
+            for name in self._params:
+                self._stepper(name).grad = None
+            for name in masked:
+                self._stepper(name).set_()
         self._adopt_state(arrays)
         self.step_count += 1
         return True
@@ -442,7 +487,7 @@ class MemoryX:
     def _adopt_state(self, stepped: Iterable[str]) -> None:
         """Move optimizer-state tensors that torch.optim just created into the store."""
         for name in stepped:
-            state = self._optimizer.state[self._params[name]]
+            state = self._optimizer.state[self._stepper(name)]
             held = self._slots[name]
             for slot, value in state.items():
                 if value is None or held.get(slot) is value:
@@ -459,7 +504,7 @@ class MemoryX:
                 self._store.delete(name + _SLOT_SEP + slot)
             slots.clear()
         if self._params:
-            self._optimizer = self._config.build(list(self._params.values()))
+            self._optimizer = self._config.build([self._stepper(name) for name in self._params])
         self.step_count = 0
         self.skipped_steps = 0
 
@@ -469,8 +514,10 @@ class MemoryX:
 
         Weights and every optimizer-state tensor go to a safetensors file; the
         optimizer, hyper-parameters, policy, step counts, streaming order,
-        shapes and state slots to ``memoryx.json``. An interrupted save leaves
-        the previous checkpoint in ``folder`` intact.
+        shapes, state slots and the masks' kept flat indices to
+        ``memoryx.json``. A masked weight's state is its compact state (format
+        version 2; version 1 without masks). An interrupted save leaves the
+        previous checkpoint in ``folder`` intact.
         """
         if self._optimizer is None:
             raise UsageError("MemoryX holds no tensors yet; there is nothing to save")
@@ -480,7 +527,7 @@ class MemoryX:
             for slot in self._slots[name]:
                 tensors[name + _SLOT_SEP + slot] = self._store.get(name + _SLOT_SEP + slot)
         manifest = {
-            "format": _FORMAT, "version": _VERSION,
+            "format": _FORMAT, "version": _VERSION if self._masks else 1,
             "optimizer": self._config.to_dict(), "nonfinite": self._nonfinite,
             "step_count": self.step_count, "skipped_steps": self.skipped_steps,
             "order": list(self._order),
@@ -488,7 +535,7 @@ class MemoryX:
             "slots": {name: sorted(self._slots[name]) for name in self._order},
         }
         if self._masks:                 # compact: the kept weights' flat indices
-            manifest["masks"] = {name: np.flatnonzero(mask.ravel()).tolist() for name, mask in self._masks.items()}
+            manifest["masks"] = {name: kept.tolist() for name, kept in self._kept.items()}
         write_checkpoint(folder, manifest, tensors)
 
     @classmethod
@@ -496,7 +543,9 @@ class MemoryX:
         """A MemoryX restored from a checkpoint written by :meth:`save`.
 
         Continuing from the restored MemoryX gives, bit for bit, what the saved
-        one would have given had it never stopped.
+        one would have given had it never stopped. A version-1 checkpoint
+        (dense optimizer state for a masked weight) loads too: the kept
+        weights' entries of its state are kept, compact.
 
         Raises
         ------
@@ -506,8 +555,9 @@ class MemoryX:
         """
         manifest, tensors = read_checkpoint(folder)
         where = f"checkpoint {str(folder)!r}"
-        if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION:
-            raise UsageError(f"{where} is not a {_FORMAT} version {_VERSION} checkpoint")
+        version = manifest.get("version")
+        if manifest.get("format") != _FORMAT or version not in (1, _VERSION):
+            raise UsageError(f"{where} is not a {_FORMAT} checkpoint of version 1 to {_VERSION}")
         try:
             order, shapes, slots = manifest["order"], manifest["shapes"], manifest["slots"]
             memoryx = cls(OptimizerConfig.from_dict(manifest["optimizer"]), store=store,
@@ -520,6 +570,7 @@ class MemoryX:
             raise UsageError(f"{where} has a malformed manifest ({exc})") from None
         if set(tensors) != expected_keys:
             raise UsageError(f"{where} tensors file does not hold the tensors its manifest lists")
+        masks = read_masks(manifest.get("masks"), shapes, where)
         full = state_slots(memoryx.config)
         for name in order:
             if list(tensors[name].shape) != shapes[name] or tensors[name].dtype != np.float32:
@@ -527,23 +578,21 @@ class MemoryX:
             if set(slots[name]) not in (set(), full):
                 raise UsageError(f"{where} tensor {name!r} has optimizer state {slots[name]}, "
                                  f"expected none or {sorted(full)}")
+            compact_state = name in masks and version != 1
             for slot in slots[name]:
                 value = tensors[name + _SLOT_SEP + slot]
-                shape = () if slot == "step" else tensors[name].shape
+                shape = state_shape(slot, kept_indices(masks[name]) if compact_state else None, tensors[name].shape)
                 if value.shape != shape or value.dtype != np.float32:
-                    raise UsageError(f"{where} optimizer state {slot!r} of {name!r} is not float32 of shape {shape}")
+                    raise UsageError(f"{where} optimizer state {slot!r} of {name!r} is not float32 of shape {shape}"
+                                     + (f" (the checkpoint's mask of {name} keeps {shape[0]} weights, the state "
+                                        f"holds {value.size})" if compact_state and shape else ""))
         memoryx.load_state_dict({name: tensors[name] for name in order}, order=order)
+        memoryx.set_masks(masks)
         for name in order:
             for slot in slots[name]:
-                memoryx._set_slot(name, slot, tensors[name + _SLOT_SEP + slot])
+                value = tensors[name + _SLOT_SEP + slot]
+                if name in masks and version == 1:      # dense state of a masked weight: its kept entries
+                    value = compact(value, slot, memoryx._kept[name])
+                memoryx._set_slot(name, slot, value)
         memoryx.step_count, memoryx.skipped_steps = step_count, skipped
-        for name, kept in dict(manifest.get("masks") or {}).items():
-            if name not in shapes or not isinstance(kept, list):
-                raise UsageError(f"{where} has a mask for {name!r}, which it holds no weight of")
-            mask = np.zeros(int(np.prod(shapes[name])), dtype=bool)
-            try:
-                mask[np.asarray(kept, dtype=np.int64)] = True
-            except (IndexError, ValueError):
-                raise UsageError(f"{where} mask of {name!r} holds indices outside the weight") from None
-            memoryx._masks[name] = mask.reshape(shapes[name])
         return memoryx

@@ -142,6 +142,9 @@ class ShardedMemoryX:
         """
         if not isinstance(whole, MemoryX) or not whole.names():
             raise UsageError("whole must be a MemoryX holding tensors")
+        if whole.masks:
+            raise UsageError(f"a MemoryX with sparsity masks ({', '.join(whole.masks)}) trains on one system; "
+                             "it cannot be sharded")
         shard_map = ShardMap({name: whole.shape(name) for name in whole.names()}, group.size)
         mine = {name: shard_map.range(name, group.rank) for name in whole.names()}
         slices = {name: _owned(whole.weight(name), "", mine[name]) for name in whole.names()}
