@@ -17,6 +17,13 @@ the last mesh measured above (``golden_mesh``).
     .venv/bin/python bench/fabric_speed.py --meshes 32 --cycles 800
     .venv/bin/python bench/fabric_speed.py --meshes 64 --vector-meshes 128
     .venv/bin/python bench/fabric_speed.py --meshes 16 --step     # and one FC-MNIST step
+    .venv/bin/python bench/fabric_speed.py --meshes 16 32 --cycles 200 --torch   # the torch stepper too
+
+``--torch`` adds the torch stepper (``TorchFabric``: ``vector-torch-cpu``, and
+``vector-torch-cuda`` where CUDA is present) on the same cycles: its
+PE-cycles/s, its rate over the vectorized (numba) model's and the golden
+model's, and whether its memories and cycles after those cycles equal the
+numba model's (``torch_cpu_same_bits_and_cycles``).
 
 ``--kernel-meshes 256x256 750x994`` runs ``wse kernel gemv --mesh WxH --backend vector --sram-words
 1024`` in a child process per mesh (the golden model is not run there: too slow on such meshes) and
@@ -162,17 +169,35 @@ def kernel_mesh(mesh: str, sram_words: int = 1024) -> dict:
             "peak_memory_gb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2)}
 
 
-def measure(width: int, cycles: int, batch: int = 16) -> dict:
+def _torch_devices(wanted: bool) -> list[str]:
+    """The torch steppers measured: ``vector-torch-cpu`` and, where CUDA is present, ``vector-torch-cuda``."""
+    if not wanted:
+        return []
+    return ["vector-torch-cpu"] + (["vector-torch-cuda"] if torch.cuda.is_available() else [])
+
+
+def measure(width: int, cycles: int, batch: int = 16, torch_devices: tuple = ()) -> dict:
     """One mesh's figures (see the module text)."""
     exe, phase = _compiled(width, batch)
     pes = width * width
     out = {"mesh": f"{width}x{width}", "phase": phase, "cycles_measured": cycles}
     rates, cpu_rates = {}, {}
-    for name in ("golden", "vector"):
+    memory = {}
+    for name in ("golden", "vector", *torch_devices):
         backend, weights = _backend(name, exe, batch)
         ran, seconds, cpu = _timed(backend, weights, phase, cycles)
         rates[name], cpu_rates[name] = ran * pes / seconds, ran * pes / cpu
-        out[f"{name}_pe_cycles_per_s"] = round(rates[name])
+        key = name.replace("vector-torch-", "torch_")
+        out[f"{key}_pe_cycles_per_s"] = round(rates[name])
+        if name != "golden":
+            device = backend.device
+            memory[name] = (ran, device.memcpy_d2h(0, device.config.sram_words))
+    for name in torch_devices:
+        key = name.replace("vector-torch-", "torch_")
+        out[f"{key}_over_vector"] = round(rates[name] / rates["vector"], 3)
+        out[f"{key}_over_golden"] = round(rates[name] / rates["golden"], 2)
+        out[f"{key}_same_bits_and_cycles"] = memory[name][0] == memory["vector"][0] and \
+            np.array_equal(memory[name][1], memory["vector"][1])
     out["ratio"] = round(rates["vector"] / rates["golden"], 2)
     out["ratio_cpu_time"] = round(cpu_rates["vector"] / cpu_rates["golden"], 2)
     backend, weights = _backend("vector", exe, batch)
@@ -199,10 +224,14 @@ def main(argv=None) -> int:
                              "steps), its final weights compared with the functional backend's")
     parser.add_argument("--whole-run-mode", default=None, choices=("pipelined", "weight-streaming"),
                         help="the whole run's execution mode (default: wse train's choice, auto)")
+    parser.add_argument("--torch", action="store_true",
+                        help="also the torch stepper (vector-torch-cpu, and vector-torch-cuda where CUDA is "
+                             "present) on the same cycles: PE-cycles/s, ratios, same bits and cycles")
     args = parser.parse_args(argv)
     out, measured = None, {}
+    torch_devices = tuple(_torch_devices(args.torch))
     for width in args.meshes:
-        out = measured[width] = measure(width, args.cycles)
+        out = measured[width] = measure(width, args.cycles, torch_devices=torch_devices)
         print(json.dumps(out), flush=True)
     for width in args.vector_meshes:
         if out is None:

@@ -53,6 +53,17 @@ def _vector(config: FabricConfig) -> Device:
     return VectorFabric(config)
 
 
+def _vector_torch(device: str | None) -> Callable[[FabricConfig], Device]:
+    def make(config: FabricConfig) -> Device:
+        import torch
+
+        from wse.sim.vector.torch_fabric import TorchFabric
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("backend vector-torch-cuda needs a CUDA device; torch finds none here")
+        return TorchFabric(config, device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return make
+
+
 def _verilator(config: FabricConfig) -> Device:
     from wse.sim.cosim.verilator import VerilatorFabric
     return VerilatorFabric(config)
@@ -67,6 +78,11 @@ def _icarus(config: FabricConfig) -> Device:
 DEVICES: dict[str, DeviceEntry] = {entry.name: entry for entry in (
     DeviceEntry("golden", "the golden model: every router and PE in numpy, wavelet by wavelet", _golden),
     DeviceEntry("vector", "the vectorized model: every router and PE as arrays, all stepped together", _vector),
+    DeviceEntry("vector-torch", "the vectorized model stepped on torch tensors (CUDA where present, else the CPU)",
+                _vector_torch(None)),
+    DeviceEntry("vector-torch-cpu", "the vectorized model stepped on torch tensors on the CPU", _vector_torch("cpu")),
+    DeviceEntry("vector-torch-cuda", "the vectorized model stepped on torch tensors on a CUDA device",
+                _vector_torch("cuda")),
     DeviceEntry("verilator", "the RTL mesh compiled by Verilator, stepped in C++", _verilator),
     DeviceEntry("icarus", "the RTL mesh under cocotb in Icarus Verilog, in another process (slow)", _icarus),
 )}

@@ -493,7 +493,7 @@ def test_real_fabric_errors_exit_2_before_writing(tmp_path, capsys):
     assert main([*base, "--dataset", "digits", "--mesh", "4x4", "--batch", "32", "--backend", "fpga"]) == 2
     err = capsys.readouterr().err
     assert ("backend must be one of functional, functional-torch, functional-torch-cpu, functional-torch-cuda, "
-            "golden, icarus, vector, verilator, not 'fpga'") in err and err.count("\n") == 1
+            "golden, icarus, vector, vector-torch, vector-torch-cpu, vector-torch-cuda, verilator, not 'fpga'") in err and err.count("\n") == 1
     job = write(tmp_path, BAD_JOBS["unsupported"][0])
     assert main([str(job), "--out", str(out), "--mesh", "4x4", "--batch", "32"]) == 2
     err = capsys.readouterr().err

@@ -341,12 +341,14 @@ def test_devices_satisfy_the_protocol_at_run_time():
 def test_one_registry_of_device_names():
     from wse.host.runtime import BACKENDS
 
-    assert device_names() == ("golden", "vector", "verilator", "icarus")
+    assert device_names() == ("golden", "vector", "vector-torch", "vector-torch-cpu", "vector-torch-cuda",
+                              "verilator", "icarus")
     assert all(entry.summary for entry in DEVICES.values())
     assert set(BACKENDS) == {"functional", "functional-torch", "functional-torch-cpu", "functional-torch-cuda",
                              *device_names()}
     assert isinstance(make_device("golden", _mesh("2x2")), Fabric)
-    with pytest.raises(UsageError, match="backend must be one of golden, icarus, vector, verilator, not 'fpga'"):
+    with pytest.raises(UsageError, match="backend must be one of golden, icarus, vector, vector-torch, "
+                                         "vector-torch-cpu, vector-torch-cuda, verilator, not 'fpga'"):
         make_device("fpga", _mesh("2x2"))
 
 

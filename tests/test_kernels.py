@@ -260,7 +260,8 @@ def test_cli_exits_1_when_not_bit_exact(capsys, monkeypatch):
     (["gemv", "--rows", "x"], "invalid int value"),
     (["dot", "--sram-words", "8"], "sram_words must be an integer"),
     ([], "name a kernel"),
-    (["gemv", "--backend", "fpga"], "--backend must be one of golden, vector, verilator, icarus, not 'fpga'"),
+    (["gemv", "--backend", "fpga"], "--backend must be one of golden, vector, vector-torch, vector-torch-cpu, "
+                                       "vector-torch-cuda, verilator, icarus, not 'fpga'"),
 ])
 def test_cli_bad_input_exits_2(capsys, argv, message):
     assert cli.main(["kernel"] + argv) == 2

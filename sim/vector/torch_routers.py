@@ -190,6 +190,13 @@ class TorchRouters:
         """One cycle with colors granted in rotating order from ``first`` (the golden model's
         ``cycle % colors``). Returns ``[pe]`` bool: the PEs whose input queue got a wavelet or
         whose output queue lost one (those that wake up)."""
+        self.decide(first)
+        return self.finish()
+
+    def decide(self, first: int) -> torch.Tensor:
+        """The decisions of a cycle from the start-of-cycle state (grants, RAMP takes, edge
+        injections), kept for :meth:`finish`; the PEs' step of the cycle goes between the two.
+        Returns a 0-d bool tensor: whether anything moves."""
         D = self.depth
         granted = self._grants(first)
         # RAMP takes: the output-queue head's color routed from RAMP, with room (start-of-cycle counts).
@@ -197,6 +204,15 @@ class TorchRouters:
         move = (self.tcount > 0) & (self.route_in.gather(1, tcolor[:, None])[:, 0] == _RAMP) \
             & (self.count.gather(1, tcolor[:, None])[:, 0] < D)
         chosen = self._injections(first)
+        self._decided = (granted, tcolor, move, chosen)
+        return granted.any() | move.any() | (chosen >= 0).any()
+
+    def finish(self) -> torch.Tensor:
+        """The end of the cycle :meth:`decide` decided (pops, pushes, RAMP outputs, edge log).
+        Returns ``[pe]`` bool: the PEs whose input queue got a wavelet or whose output queue
+        lost one (those that wake up)."""
+        D = self.depth
+        granted, tcolor, move, chosen = self._decided
         # Pop the granted heads.
         head = self.head
         out_data = self.data.gather(2, head[:, :, None])[:, :, 0]

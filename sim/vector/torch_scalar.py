@@ -62,10 +62,12 @@ def _binop(code: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     ia, ib = _pattern(a), _pattern(b)
     candidates = [
         (a + b) & M32, (a - b) & M32, a & b, a | b, a ^ b, (a << shift) & M32, a >> shift,
-        (_s32(a) >> shift) & M32, _mul32(a, b), (_s32(a) < _s32(b)).to(torch.int64), (a < b).to(torch.int64),
-        _value(fp.add(ia, ib)), _value(fp.sub(ia, ib)), _value(fp.mul(ia, ib)), _value(fp.fmax(ia, ib)),
-        fp.lt(ia, ib).to(torch.int64)]
+        (_s32(a) >> shift) & M32, _mul32(a, b), (_s32(a) < _s32(b)).to(torch.int64), (a < b).to(torch.int64)]
     out = candidates[-1]
+    if bool(((code >= 11) & (code <= 15)).any()):        # the float operations only when a lane has one
+        candidates += [_value(fp.add(ia, ib)), _value(fp.sub(ia, ib)), _value(fp.mul(ia, ib)),
+                       _value(fp.fmax(ia, ib)), fp.lt(ia, ib).to(torch.int64)]
+        out = candidates[-1]
     for k in range(len(candidates) - 2, -1, -1):
         out = torch.where(code == k, candidates[k], out)
     return out
@@ -93,8 +95,9 @@ def _execute(s: dict, p: torch.Tensor, r: torch.Tensor, run: torch.Tensor) -> tu
     value = torch.where(o <= 15, _binop(o, a, b), value)
     immediate = torch.tensor(_IMMEDIATE, device=a.device)[(o - 16).clamp(0, len(_IMMEDIATE) - 1)]
     value = torch.where((o >= 16) & (o <= 22), _binop(immediate, a, im), value)
-    value = torch.where(o == 23, _value(fp.ftoi(_pattern(a))), value)
-    value = torch.where(o == 24, _value(fp.itof(_pattern(a))), value)
+    if bool(((o == 23) | (o == 24)).any()):
+        value = torch.where(o == 23, _value(fp.ftoi(_pattern(a))), value)
+        value = torch.where(o == 24, _value(fp.itof(_pattern(a))), value)
     value = torch.where(o == 25, im & M32, value)
     value = torch.where(o == 26, (im * 65536) & M32, value)
     value = torch.where(o == -2, -1, value)
