@@ -37,10 +37,14 @@ class DeviceEntry:
         One line saying what it is.
     factory:
         ``config -> device``: a fresh device for a :class:`~wse.config.FabricConfig`.
+    listed:
+        Whether commands offer it by name (false for a device a run registers
+        for itself, such as a mesh behind a defect map).
     """
     name: str
     summary: str
     factory: Callable[[FabricConfig], Device]
+    listed: bool = True
 
 
 def _golden(config: FabricConfig) -> Device:
@@ -89,13 +93,15 @@ DEVICES: dict[str, DeviceEntry] = {entry.name: entry for entry in (
 
 
 def device_names() -> tuple[str, ...]:
-    """The registered device names, in registration order."""
-    return tuple(DEVICES)
+    """The listed device names (those commands offer), in registration order."""
+    return tuple(name for name, entry in DEVICES.items() if entry.listed)
 
 
-def register_device(name: str, factory: Callable[[FabricConfig], Device], summary: str = "") -> None:
-    """Make a device available by ``name`` everywhere devices are made (replacing one of that name)."""
-    DEVICES[name] = DeviceEntry(name, summary, factory)
+def register_device(name: str, factory: Callable[[FabricConfig], Device], summary: str = "",
+                    listed: bool = True) -> None:
+    """Make a device available by ``name`` everywhere devices are made (replacing one of that name);
+    ``listed=False`` keeps it out of the names that commands offer."""
+    DEVICES[name] = DeviceEntry(name, summary, factory, listed)
 
 
 def make_device(name: str, config: FabricConfig | None = None) -> Device:
@@ -108,5 +114,5 @@ def make_device(name: str, config: FabricConfig | None = None) -> Device:
     """
     entry = DEVICES.get(name) if isinstance(name, str) else None
     if entry is None:
-        raise UsageError(f"backend must be one of {', '.join(sorted(DEVICES))}, not {name!r}")
+        raise UsageError(f"backend must be one of {', '.join(sorted(device_names()))}, not {name!r}")
     return entry.factory(config if config is not None else FabricConfig.current())

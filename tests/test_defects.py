@@ -206,3 +206,17 @@ def test_the_static_check_runs_on_the_physical_routes():
     line = [(0, 0, 5, Port.RAMP, [Port.E]), (1, 0, 5, Port.W, [Port.RAMP])]
     load_checked(device, device.config, line, "a line")
     assert checked and checked[0].what == "a line (around the defects)" and checked[0].channels > 4
+
+
+def test_a_runs_own_defect_backend_is_not_offered_by_name():
+    from wse.host.runtime import _backend_class
+    from wse.sim.devices import device_names
+
+    name = _defect_backend("1,1", mesh=(3, 3))
+    assert name not in device_names()
+    with pytest.raises(UsageError) as err:
+        make_device("fpga")
+    assert name not in str(err.value) and "golden" in str(err.value)
+    with pytest.raises(UsageError) as err:
+        _backend_class("fpga")
+    assert name not in str(err.value) and "functional" in str(err.value)

@@ -49,8 +49,8 @@ def runtime_backend(settings) -> str:
     if name not in BACKENDS:
         physical = settings.backend
         register_device(name, defect_factory(lambda config: make_device(physical, config), remap),
-                        f"{DEVICES[physical].summary}, the usable mesh around {settings.defects}")
-        register_backend(name, device_backend(name))
+                        f"{DEVICES[physical].summary}, the usable mesh around {settings.defects}", listed=False)
+        register_backend(name, device_backend(name), listed=False)
     return name
 
 

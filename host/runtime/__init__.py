@@ -58,16 +58,25 @@ BACKENDS: dict[str, str | type] = {"functional": "wse.host.runtime.functional:Fu
                                    **{name: device_backend(name) for name in DEVICES}}
 
 
-def register_backend(name: str, target: str | type) -> None:
+#: Registered backends that commands do not offer by name (a run's own, e.g. a mesh behind a defect map).
+_UNLISTED: set[str] = set()
+
+
+def register_backend(name: str, target: str | type, listed: bool = True) -> None:
     """Make a backend available to :class:`Runtime` by name: a :class:`Backend`
-    subclass or its ``"module:Class"`` path."""
+    subclass or its ``"module:Class"`` path; ``listed=False`` keeps it out of
+    the names that errors offer."""
     BACKENDS[name] = target
+    if listed:
+        _UNLISTED.discard(name)
+    else:
+        _UNLISTED.add(name)
 
 
 def _backend_class(name: str) -> type:
     target = BACKENDS.get(name) if isinstance(name, str) else None
     if target is None:
-        raise UsageError(f"backend must be one of {', '.join(sorted(BACKENDS))}, not {name!r}")
+        raise UsageError(f"backend must be one of {', '.join(sorted(set(BACKENDS) - _UNLISTED))}, not {name!r}")
     if isinstance(target, str):
         import importlib
         module, _, attr = target.partition(":")
