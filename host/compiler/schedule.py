@@ -190,8 +190,21 @@ class SgemmTransposed(MathOp):
         return {"op": self.op, "weight": self.weight, "bias": None, "x": self.x, "y": self.y, "transposed": True}
 
 
+class _MaskedOp(MathOp):
+    """A math op of a masked layer: its ``nonzeros`` (the kept weights' flat
+    indices) held as a tuple of ints and written to the manifest as a list."""
+
+    nonzeros: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
+
+
 @dataclasses.dataclass(frozen=True)
-class SparseSgemm(MathOp):
+class SparseSgemm(_MaskedOp):
     """The sparse streamed GEMM ``y = (W * mask) x + b`` of a layer with a static
     mask: ``W [O, K]`` (``weight``), ``x [K, B]``, ``bias [O]`` (None: none),
     ``y [O, B]``; ``nonzeros`` are the kept weights' flat indices ``o*K + k``
@@ -205,15 +218,9 @@ class SparseSgemm(MathOp):
     y: str
     nonzeros: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
-
-    def to_manifest(self) -> dict[str, Any]:
-        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
-
 
 @dataclasses.dataclass(frozen=True)
-class SparseSgemmTransposed(MathOp):
+class SparseSgemmTransposed(_MaskedOp):
     """The sparse streamed GEMM with the masked weights transposed (input
     gradients of a masked layer): ``y = (W * mask)^T x``, ``W [O, K]``
     (``weight``), ``x [O, B]``, ``y [K, B]``; ``nonzeros`` are the kept
@@ -225,12 +232,6 @@ class SparseSgemmTransposed(MathOp):
     x: str
     y: str
     nonzeros: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
-
-    def to_manifest(self) -> dict[str, Any]:
-        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +274,7 @@ class WeightGradient(MathOp):
 
 
 @dataclasses.dataclass(frozen=True)
-class SparseWeightGradient(MathOp):
+class SparseWeightGradient(_MaskedOp):
     """The gradients of a masked layer's kept weights (and of ``bias``, None:
     none): :class:`WeightGradient`'s values at the flat indices ``nonzeros``
     (``o*K + k``, ascending), +0 at every pruned weight (never computed)."""
@@ -284,12 +285,6 @@ class SparseWeightGradient(MathOp):
     x: str
     dy: str
     nonzeros: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "nonzeros", tuple(int(v) for v in self.nonzeros))
-
-    def to_manifest(self) -> dict[str, Any]:
-        return {**super().to_manifest(), "nonzeros": list(self.nonzeros)}
 
 
 # Phases ------------------------------------------------------------------------------------
