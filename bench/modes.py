@@ -58,16 +58,24 @@ Data-parallel replicas inside the wafer (``plan(..., replicas=k)``, forward
 pass): for ``k = 1, 2, 4, ...`` copies of the pipeline on strips of
 ``width / k`` columns, each with a shard of ``s`` samples (``s`` the largest
 that fits one copy's PE memory, at most 64), the forward phase's cycles of
-``k * s`` samples and the samples per 1M cycles; the ratio to ``k`` times the
-throughput of one copy on the whole mesh with ``s`` samples (baseline, in the
-same run; target at least 0.8), and the number
-:func:`~wse.host.compiler.pipelined_cycles.choose_replicas` picks. Then
-training with ``k`` copies (SGD with momentum on the PEs, the copies'
-gradients reduced on the fabric): per ``k``, a step of one pass of ``k * s``
-samples (``s`` the largest shard one copy's training memory holds, at most
-64): its cycles (forward, backward, ``reduce``, update), the reduction's
-share, training samples per 1M cycles and the ratio to ``k`` times one copy
-on the whole mesh with ``s`` samples (baseline, same run; target 0.8).
+``k * s`` samples and the samples per 1M cycles, against two baselines
+measured in the same run, both with ``s`` samples:
+
+* ``over_k_times_one_replica`` (the target's, at least 0.8): ``k`` times one
+  copy on the strip a replica gets (``width / k`` columns, the whole height),
+  i.e. what replication itself costs: the edge shared by ``k`` intakes and
+  outflows and, in training, the gradient reduction;
+* ``over_k_times_one_copy_whole_mesh``: ``k`` times one copy spread over the
+  whole mesh (strong scaling: whether replicating beats one larger copy,
+  which is what the compiler's choice of ``k`` weighs);
+
+and the number :func:`~wse.host.compiler.pipelined_cycles.choose_replicas`
+picks. Then training with ``k`` copies (SGD with momentum on the PEs, the
+copies' gradients reduced on the fabric): per ``k``, a step of one pass of
+``k * s`` samples (``s`` the largest shard one copy's training memory holds,
+at most 64): its cycles (forward, backward, ``reduce``, update), the
+reduction's share, training samples per 1M cycles and the same two ratios
+(one copy's step of ``s`` samples on the strip, on the whole mesh).
 
 Usage: python bench/modes.py [--skip-cycles] [--replicas-only] [--steps 10] [--rounds 3]
 """
@@ -75,6 +83,7 @@ Usage: python bench/modes.py [--skip-cycles] [--replicas-only] [--steps 10] [--r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -160,6 +169,11 @@ def _largest_shard(graph, config, replicas: int, limit: int = 64, optimizer=None
     return best
 
 
+def _strip(config: FabricConfig, k: int) -> FabricConfig:
+    """The mesh one of ``k`` replicas gets: ``width // k`` columns, the whole height."""
+    return dataclasses.replace(config, width=config.width // k)
+
+
 def measure_replicas(name: str, dims, config: FabricConfig) -> None:
     """Print the replica lines of one model (see the module docstring)."""
     graph = trace(_mlp(dims), torch.zeros(1, dims[0]))
@@ -179,12 +193,15 @@ def measure_replicas(name: str, dims, config: FabricConfig) -> None:
             base = shard
         p = plan(graph, config, k * shard, replicas=k)
         cycles = phase_cycles(p)["forward"]
-        one = phase_cycles(plan(graph, config, shard))["forward"]      # one copy, whole mesh, same shard
-        rate, one_rate = k * shard / cycles * 1e6, shard / one * 1e6
+        strip = phase_cycles(plan(graph, _strip(config, k), shard))["forward"]   # one copy, its strip
+        whole = phase_cycles(plan(graph, config, shard))["forward"]               # one copy, whole mesh
+        rate, one_rate, whole_rate = k * shard / cycles * 1e6, shard / strip * 1e6, shard / whole * 1e6
         print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "replicas": k,
                           "shard": shard, "batch": k * shard, "forward_cycles": cycles,
                           "samples_per_1M_cycles": round(rate), "one_replica_samples_per_1M_cycles": round(one_rate),
                           "over_k_times_one_replica": round(rate / (k * one_rate), 3), "target": 0.8,
+                          "one_copy_whole_mesh_samples_per_1M_cycles": round(whole_rate),
+                          "over_k_times_one_copy_whole_mesh": round(rate / (k * whole_rate), 3),
                           "strip": [config.width // k, config.height],
                           "slowest_tile": max(r.tile for r in p.regions)}))
         k *= 2
@@ -216,15 +233,19 @@ def measure_replicas_training(name: str, dims, config: FabricConfig) -> None:
             print(json.dumps({"model": name, "mesh": config.mesh, "training_replicas": k, "fits": False}))
             break
         cycles, phases = _step_cycles(plan(graph, config, k * shard, optimizer=OPTIMIZER, replicas=k))
-        one, _ = _step_cycles(plan(graph, config, shard, optimizer=OPTIMIZER))    # one copy, whole mesh
-        rate, one_rate = k * shard / cycles * 1e6, shard / one * 1e6
+        strip, _ = _step_cycles(plan(graph, _strip(config, k), shard, optimizer=OPTIMIZER))  # one copy, its strip
+        whole, _ = _step_cycles(plan(graph, config, shard, optimizer=OPTIMIZER))             # one copy, whole mesh
+        rate, one_rate, whole_rate = k * shard / cycles * 1e6, shard / strip * 1e6, shard / whole * 1e6
         print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined", "training_replicas": k,
                           "shard": shard, "batch": k * shard, "step_cycles": cycles,
                           "reduce_cycles": phases.get("reduce", 0),
                           "reduce_fraction": round(phases.get("reduce", 0) / cycles, 3),
                           "train_samples_per_1M_cycles": round(rate),
                           "one_replica_train_samples_per_1M_cycles": round(one_rate),
-                          "over_k_times_one_replica": round(rate / (k * one_rate), 3), "target": 0.8}))
+                          "over_k_times_one_replica": round(rate / (k * one_rate), 3), "target": 0.8,
+                          "one_copy_whole_mesh_train_samples_per_1M_cycles": round(whole_rate),
+                          "over_k_times_one_copy_whole_mesh": round(rate / (k * whole_rate), 3),
+                          "strip": [config.width // k, config.height]}))
         k *= 2
 
 

@@ -108,3 +108,38 @@ def test_replicas_train_needs_the_reduction_colors():
     with pytest.raises(FitError, match="needs 13 colors"):
         plan(graph, FabricConfig(width=4, height=3, colors=12, tasks=12), 4,
              optimizer=OptimizerConfig("sgd", lr=0.1), replicas=2)
+
+
+def test_reduce_is_one_pvop_record_per_conveyor_and_pass_ons_merge():
+    """Every PE's reduce list is at most one record per conveyor (east, then west); a run
+    of streams crossing a PE is one fabric-to-fabric entry; entries round-trip."""
+    from wse.firmware.isa import DsdKind
+    from wse.firmware.training import pipe
+    from wse.host.compiler.pipelined_reduce import EAST_COLORS, WEST_COLORS
+    graph, _ = _model((9, 7, 3), seed=0)
+    p = plan(graph, FabricConfig(width=8, height=2), 4, optimizer=OptimizerConfig("sgd", lr=0.1), replicas=2)
+    crossing = 0
+    for row in p.phases["reduce"][1]:
+        for records in row:
+            assert len(records) <= 2
+            colors = []
+            for words in records:
+                kind, fields = pipe.decode(words)
+                entries = pipe.pvop_entries(fields)
+                assert kind == "pvop" and len(entries) == fields["n"] and len(words) == words[1]
+                again = pipe.encode_pvop((e["op"], _raw(e["d"]), _raw(e["a"]), _raw(e["b"])) for e in entries)
+                assert np.array_equal(again, words)
+                colors.append({e[n][1] for e in entries for n in "dab" if e[n][0] in (DsdKind.FABIN, DsdKind.FABOUT)})
+                crossing += sum(1 for e in entries if e["op"] == 0 and e["d"][0] == DsdKind.FABOUT
+                                and e["a"][0] == DsdKind.FABIN)
+            assert [c <= set(EAST_COLORS) for c in colors][:1] in ([], [True])      # east first
+            assert all(c and (c <= set(EAST_COLORS) or c <= set(WEST_COLORS)) for c in colors)
+    assert crossing > 0
+    with pytest.raises(ValueError, match="at least one entry"):
+        pipe.encode_pvop([])
+
+
+def _raw(dsd):
+    """A decoded descriptor ``(kind, base, length, stride)`` as its two words."""
+    kind, base, length, stride = dsd
+    return base | length << 16, int(kind) | (stride & 0xFFFF) << 16

@@ -75,3 +75,33 @@ def test_harvested_forward_on_the_rtl_equals_functional_and_static_cycles(backen
     assert 0 < sum(int(a.sum()) for a in pattern[1:]) < sum(a.size for a in pattern[1:])   # some zeros skipped
     assert np.array_equal(_bits(logits), _bits(outs[-1]))
     assert cycles == phase_cycles(p, pattern)["forward"]
+
+
+@pytest.mark.parametrize("backend", ["verilator", pytest.param("icarus", marks=[icarus, pytest.mark.slow])])
+def test_replicas_training_on_the_rtl_equals_functional_and_static_cycles(backend):
+    """Three copies of a one-layer model, one column each, on the 3x3 mesh: the ``reduce``
+    phase (pvop records of several entries, fabric to fabric) on the RTL gives every copy
+    the functional model's parameters and momentum, and the static cycle model's cycles."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 4))
+    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    optimizer = OptimizerConfig("sgd", lr=0.1, momentum=0.9)
+    p = plan(trace(model, torch.zeros(1, 5)), FabricConfig(width=3, height=3), 4, optimizer, replicas=3)
+    assert "reduce" in p.phases
+    dev = PipelinedDevice(p, backend)
+    dev.write_weights(weights)
+    fn = PipelinedFunctional(p, weights)
+    expected = phase_cycles(p)
+    rng = np.random.default_rng(6)
+    for step in range(2):
+        x = rng.standard_normal((4, 5)).astype(np.float32)
+        y = rng.integers(0, 4, 4)
+        loss, logits, cycles = dev.train_step(x, y)
+        f_loss, f_logits = fn.train_step(x, y)
+        assert loss == f_loss and np.array_equal(_bits(logits), _bits(f_logits))
+        assert all(c == expected[name] for name, c in cycles.items()) and "reduce" in cycles
+        for r in range(3):
+            params, buffers = dev.read_state(r)
+            for name in params:
+                assert np.array_equal(_bits(params[name]), _bits(fn.params[name])), (step, r, name)
+                assert np.array_equal(_bits(buffers[name]), _bits(fn.state[name])), (step, r, name)

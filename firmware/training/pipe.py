@@ -22,6 +22,7 @@ from wse.firmware.image import Program
 from .records import DSD, HEADER_WORDS, decode_fields, dsd_fabin, dsd_fabout, dsd_mem
 
 __all__ = ["pipelined_program", "PIPE_SOURCE", "T_RUN", "KINDS", "FIELDS", "PREFIX", "encode", "decode", "record_words", "assembler_defines",
+           "PV_ENTRY", "encode_pvop", "pvop_entries",
            "dsd_mem", "dsd_fabin", "dsd_fabout"]
 
 #: The program's source file.
@@ -73,10 +74,12 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "pupd": (("params", "word"), ("wd", "word"), ("mom", "word"), ("first", "word"), ("nest", "word"),
              ("rwd", "word"), ("rmu", "word"), ("rdamp", "word"), ("rlr", "word"),
              ("w", DSD), ("g", DSD), ("m", DSD), ("b", DSD), ("db", DSD), ("mb", DSD)),
-    # One vector instruction (pipe.s): `op` 0 is `fmov d, a`, 1 is `fadd d, a, b`; any
-    # descriptor may be a fabric one. The replicas' gradient reduction is a list of them
+    # `n` vector instructions run one after another (pipe.s): each entry `op` 0 is
+    # `fmov d, a`, 1 is `fadd d, a, b`; any descriptor may be a fabric one. The first
+    # entry is the record's fields, the other n - 1 follow it (PV_ENTRY words each;
+    # encode_pvop, pvop_entries). The replicas' gradient reduction is made of them
     # (docs/layer_pipelined.md section 6b).
-    "pvop": (("op", "word"), ("d", DSD), ("a", DSD), ("b", DSD)),
+    "pvop": (("n", "word"), ("op", "word"), ("d", DSD), ("a", DSD), ("b", DSD)),
 }
 
 #: The prefix of each kind's offset constants in ``pipe.s``.
@@ -109,18 +112,58 @@ def encode(kind: str, values: dict) -> np.ndarray:
     return np.array(words, dtype=np.uint32)
 
 
+#: Words of one entry of a ``pvop`` record (``op``, ``d``, ``a``, ``b``).
+PV_ENTRY = 7
+_PV_FIELDS = FIELDS["pvop"][1:]
+
+
+def encode_pvop(entries) -> np.ndarray:
+    """A ``pvop`` record of ``entries``, each ``(op, d, a, b)`` (``b`` None for ``fmov``);
+    the vector instructions run in order.
+
+    Raises
+    ------
+    ValueError
+        For an empty list.
+    """
+    entries = list(entries)
+    if not entries:
+        raise ValueError("a pvop record needs at least one entry")
+    rows = [(op, d, a, b if b is not None else dsd_mem(0, 0)) for op, d, a, b in entries]
+    op, d, a, b = rows[0]
+    head = encode("pvop", dict(n=len(rows), op=op, d=d, a=a, b=b))
+    tail = [[int(op), *map(int, d), *map(int, a), *map(int, b)] for op, d, a, b in rows[1:]]
+    words = np.concatenate([head, np.array(tail, dtype=np.uint32).reshape(-1)])
+    words[1] = len(words)
+    return words
+
+
+def pvop_entries(fields: dict) -> list[dict]:
+    """The entries of a decoded ``pvop`` record, in order: ``{"op", "d", "a", "b"}`` each."""
+    return [{name: fields[name if i == 0 else f"{name}_{i}"] for name, _ in _PV_FIELDS}
+            for i in range(fields["n"])]
+
+
 def decode(words) -> tuple[str, dict]:
     """``(kind, fields)`` of the record at the start of ``words``; descriptor
-    fields as ``(kind, base, length, stride)``, as :func:`.records.decode` gives them."""
+    fields as ``(kind, base, length, stride)``, as :func:`.records.decode` gives them.
+    A ``pvop`` record's entries after the first are fields ``op_1``, ``d_1``, ... (:func:`pvop_entries`)."""
     words = [int(w) for w in words]
     kind = {code: name for name, code in KINDS.items()}[words[0]]
-    return kind, decode_fields(words, FIELDS[kind])[0]
+    fields = decode_fields(words, FIELDS[kind])[0]
+    if kind == "pvop":
+        at = record_words("pvop")
+        for i in range(1, fields["n"]):
+            entry = decode_fields([0] * HEADER_WORDS + words[at:at + PV_ENTRY], _PV_FIELDS)[0]
+            fields.update({f"{name}_{i}": value for name, value in entry.items()})
+            at += PV_ENTRY
+    return kind, fields
 
 
 def assembler_defines() -> dict[str, int]:
     """``{"K_PFWD": 1, "PF_T": 2, ...}``: kind codes and field offsets for ``pipe.s``."""
     defines = {f"K_{kind.upper()}": code for kind, code in KINDS.items()}
-    defines["R_KIND"], defines["R_LEN"] = 0, 1
+    defines["R_KIND"], defines["R_LEN"], defines["PV_ENTRY"] = 0, 1, PV_ENTRY
     for kind, fields in FIELDS.items():
         at = HEADER_WORDS
         for name, what in fields:

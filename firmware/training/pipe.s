@@ -564,21 +564,29 @@ ps_next:
         jmp     op_done
 
 ; ---------------------------------------------------------------------------
-; pvop: one vector instruction from the record, `fmov d, a` (op 0) or
-; `fadd d, a, b` (op 1); its descriptors may be fabric ones. The replicas'
-; gradient reduction (docs/layer_pipelined.md section 6b) is a list of them:
+; pvop: `n` vector instructions from the record, one after another, each
+; `fmov d, a` (op 0) or `fadd d, a, b` (op 1), PV_ENTRY words an entry (the
+; first at PV_OP); their descriptors may be fabric ones. The replicas'
+; gradient reduction (docs/layer_pipelined.md section 6b) is made of them:
 ; a running sum passed east along a row of PEs, copy after copy, and the
 ; final sum passed back west.
 pvop:
-        ld      r10, PV_OP(r15)
-        ldsd    d0, PV_D(r15)
-        ldsd    d1, PV_A(r15)
+        ld      r3, PV_N(r15)
+        addi    r9, r15, PV_OP
+pv_next:
+        ld      r10, 0(r9)
+        ldsd    d0, 1(r9)
+        ldsd    d1, 3(r9)
         bne     r10, r0, pv_add
         fmov    d0, d1
-        jmp     op_done
+        jmp     pv_step
 pv_add:
-        ldsd    d2, PV_B(r15)
+        ldsd    d2, 5(r9)
         fadd    d0, d1, d2
+pv_step:
+        addi    r9, r9, PV_ENTRY
+        addi    r3, r3, -1
+        bne     r3, r0, pv_next
         jmp     op_done
 
         .task T_RUN, run

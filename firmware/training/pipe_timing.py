@@ -253,13 +253,17 @@ def _pupd(ops: OpRows, f: dict) -> None:
 
 
 def _pvop(ops: OpRows, f: dict) -> None:
-    n = f["d"][2]
-    ops.busy(7)                                           # ld, 2 ldsd, bne
-    if f["op"]:
-        ops.busy(2)                                       # ldsd
-        ops.vec(n, in1=_color(f["a"]), in2=_color(f["b"]), out=_color(f["d"]))
-    else:
-        ops.vec(n, in1=_color(f["a"]), out=_color(f["d"]))
+    ops.busy(2 + 1)                                       # ld n, addi
+    for e in pipe.pvop_entries(f):
+        n = e["d"][2]
+        ops.busy(7)                                       # ld, 2 ldsd, bne
+        if e["op"]:
+            ops.busy(2)                                   # ldsd
+            ops.vec(n, in1=_color(e["a"]), in2=_color(e["b"]), out=_color(e["d"]))
+        else:
+            ops.vec(n, in1=_color(e["a"]), out=_color(e["d"]))
+            ops.busy(1)                                   # jmp pv_step
+        ops.busy(3)                                       # addi, addi, bne
     ops.busy(1)                                           # jmp op_done
 
 

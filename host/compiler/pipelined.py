@@ -268,8 +268,8 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
         if optimizer.hyper["momentum"] != 0:
             ops["update_first"] = mem.take("ops:update_first", pipe.record_words("pupd") + 2, "op lists")
         if len(copies) > 1:
-            longest = max(len(records) for row in reduce for records in row)
-            ops["reduce"] = mem.take("ops:reduce", longest * pipe.record_words("pvop") + 2, "op lists")
+            longest = max(sum(len(words) for words in records) for row in reduce for records in row)
+            ops["reduce"] = mem.take("ops:reduce", longest + 2, "op lists")
     if mem.next > config.sram_words:
         detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
         raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE in the "

@@ -17,9 +17,12 @@ fixed order, copy 0's plus copy 1's plus ..., and gives every copy the sum:
 Every PE of a row is a stage of two conveyors (each hop one column, colors
 alternating by column parity): east on :data:`EAST_COLORS`, west on
 :data:`WEST_COLORS`. A PE handles the streams that touch it in one order,
-east in ascending ``lx``, west in descending ``lx`` (the order in which they
-arrive on its link), so the conveyors cannot deadlock. Each step is one
-``pvop`` record (:mod:`wse.firmware.training.pipe`). Then every copy runs the
+east in descending ``lx``, west in ascending ``lx``: the order in which they
+arrive on its link, with the stream that starts at the PE (copy 0's own
+gradient east, the last copy's sum west) first, so every PE starts sending at
+once and the conveyors cannot deadlock. A PE's steps of one conveyor are the
+entries of one ``pvop`` record (:mod:`wse.firmware.training.pipe`), and a run
+of streams that only cross it is one entry. Then every copy runs the
 update on the same gradient and keeps the same parameters and momentum.
 """
 
@@ -70,8 +73,28 @@ def reduce_routes(copies, segs_rows) -> list:
     return routes
 
 
-def _op(op: int, d, a, b=None) -> np.ndarray:
-    return pipe.encode("pvop", dict(op=op, d=d, a=a, b=b if b is not None else pipe.dsd_mem(0, 0)))
+class _Conveyor:
+    """One PE's entries of one conveyor, in order (one ``pvop`` record); an entry
+    that only passes a stream on (``fmov`` fabric to fabric) joins the one before
+    it if that one passes on the same colors, so a run of streams crossing a PE
+    costs one entry: the same wavelets in the same order, one entry's control."""
+
+    def __init__(self) -> None:
+        self.items: list[list] = []
+
+    def add(self, op: int, d, a, b=None) -> None:
+        self.items.append([op, d, a, b, None])
+
+    def pass_on(self, out: int, fin: int, n: int) -> None:
+        last = self.items[-1] if self.items else None
+        if last is not None and last[4] == (out, fin) and (last[1][0] >> 16) + n <= 0xFFFF:
+            total = (last[1][0] >> 16) + n                               # the descriptor's length field
+            last[1], last[2] = pipe.dsd_fabout(out, total), pipe.dsd_fabin(fin, total)
+            return
+        self.items.append([0, pipe.dsd_fabout(out, n), pipe.dsd_fabin(fin, n), None, (out, fin)])
+
+    def records(self) -> list:
+        return [pipe.encode_pvop(item[:4] for item in self.items)] if self.items else []
 
 
 def reduce_records(config, layers, copies, mem) -> tuple[list, list]:
@@ -85,30 +108,33 @@ def reduce_records(config, layers, copies, mem) -> tuple[list, list]:
     for y in rows:
         streams = [lx for lx in range(w) if segs.get((lx, y))]
         for c in range(k * w):
+            pe = east = _Conveyor()
             out, fin = EAST_COLORS[c % 2], EAST_COLORS[(c - 1) % 2]
-            for lx in (s for s in streams if s <= c <= s + span):           # east, ascending
+            for lx in (s for s in reversed(streams) if s <= c <= s + span):  # east, descending
                 for addr, n in segs[(lx, y)]:
                     g, send, take = pipe.dsd_mem(addr, n), pipe.dsd_fabout(out, n), pipe.dsd_fabin(fin, n)
                     if c == lx:
-                        records[y][c].append(_op(0, send, g))                        # copy 0: S = G_0
+                        pe.add(0, send, g)                                   # copy 0: S = G_0
                     elif (c - lx) % w:
-                        records[y][c].append(_op(0, send, take))                     # pass it on
+                        pe.pass_on(out, fin, n)                              # pass it on
                     elif c < lx + span:
-                        records[y][c].append(_op(1, send, take, g))                  # S = add(S, G_r), on
+                        pe.add(1, send, take, g)                             # S = add(S, G_r), on
                     else:
-                        records[y][c].append(_op(1, g, take, g))                     # the last copy keeps S
+                        pe.add(1, g, take, g)                                # the last copy keeps S
+            pe = west = _Conveyor()
             out, fin = WEST_COLORS[c % 2], WEST_COLORS[(c + 1) % 2]
-            for lx in (s for s in reversed(streams) if s <= c <= s + span):  # west, descending
+            for lx in (s for s in streams if s <= c <= s + span):           # west, ascending
                 for addr, n in segs[(lx, y)]:
                     g, send, take = pipe.dsd_mem(addr, n), pipe.dsd_fabout(out, n), pipe.dsd_fabin(fin, n)
                     if c == lx + span:
-                        records[y][c].append(_op(0, send, g))                        # the sum leaves
+                        pe.add(0, send, g)                                   # the sum leaves
                     elif (c - lx) % w:
-                        records[y][c].append(_op(0, send, take))
+                        pe.pass_on(out, fin, n)
                     else:
-                        records[y][c].append(_op(0, g, take))                        # a copy stores it
+                        pe.add(0, g, take)                                   # a copy stores it
                         if c > lx:
-                            records[y][c].append(_op(0, send, g))                    # and passes it on
+                            pe.add(0, send, g)                               # and passes it on
+            records[y][c] = east.records() + west.records()
     return records, rows
 
 
