@@ -261,13 +261,16 @@ def _parser() -> _Parser:
     parser.add_argument("--list", action="store_true", help="list the kernels and exit")
     parser.add_argument("--mesh", default="4x4", help="mesh shape WIDTHxHEIGHT (default 4x4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument("--rows", type=int, help="gemv, spgemm, spmv: rows of W; gelu, layernorm: tokens")
-    parser.add_argument("--cols", type=int, help="gemv, spgemm, spmv: columns of W; gelu, layernorm: features")
+    parser.add_argument("--rows", type=int, help="gemv, spgemm, spmv: rows of W; gelu, layernorm, "
+                        "layernorm_bwd: tokens")
+    parser.add_argument("--cols", type=int, help="gemv, spgemm, spmv: columns of W; gelu, layernorm, "
+                        "layernorm_bwd: features; attention: the head width Dh")
     parser.add_argument("--n", type=int, help="vector length (axpy, dot, broadcast, reduce); tokens (spgemm); "
-                        "the context T (softmax)")
+                        "the context T (softmax, attention)")
     parser.add_argument("--variant", help="broadcast, reduce: row or column (default row); spgemm, spmv: random or "
                         "power (the mask's distribution); gelu: none, tanh, backward-none, backward-tanh; "
-                        "softmax: forward or backward")
+                        "softmax: forward or backward; attention: scores, values, backward-dp, backward-dv, "
+                        "backward-dq, backward-dk")
     parser.add_argument("--sparsity", type=float, help="spgemm, spmv: fraction of zero weights, in [0, 1)")
     parser.add_argument("--sram-words", type=int, help="PE data memory in words (default from the configuration)")
     parser.add_argument("--backend", default="golden",

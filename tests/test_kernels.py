@@ -61,7 +61,9 @@ def test_random_shapes_are_bit_exact(name, width, height, a, b, variant, seed):
     sizes = {"gemv": dict(rows=a, cols=b), "axpy": dict(n=a * b), "dot": dict(n=a * b),
              "broadcast": dict(n=a, variant=variant), "reduce": dict(n=a, variant=variant),
              "spgemm": dict(rows=a, cols=b, n=1 + b % 8, sparsity=0.5), "spmv": dict(rows=a, cols=b, sparsity=0.5),
-             "gelu": dict(rows=a, cols=b), "softmax": dict(n=a), "layernorm": dict(rows=a, cols=b)}[name]
+             "gelu": dict(rows=a, cols=b), "softmax": dict(n=a), "layernorm": dict(rows=a, cols=b),
+             "attention": dict(n=a, cols=1 + b % 16, variant=("scores", "values", "backward-dv")[b % 3]),
+             "layernorm_bwd": dict(rows=a, cols=b)}[name]
     assert run_kernel(name, config(width, height), seed=seed, **sizes)["bit_exact"]
 
 

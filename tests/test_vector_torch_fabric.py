@@ -43,7 +43,8 @@ def assert_same(golden, ours, cfg):
 
 #: Kernels whose long runs of scalar instructions take over 20 s on the torch CPU path (one round of
 #: tensor operations per instruction): in the slow suite.
-HEAVY = {("softmax", m) for m in MESHES} | {("spgemm", m) for m in MESHES} | {("gelu", (1, 1))}
+HEAVY = {("softmax", m) for m in MESHES} | {("spgemm", m) for m in MESHES} | {("gelu", (1, 1))} \
+    | {("attention", m) for m in MESHES}
 CASES = [pytest.param(name, mesh, marks=[pytest.mark.slow] if (name, mesh) in HEAVY else [],
                       id=f"{name}-{mesh[0]}x{mesh[1]}") for name in sorted(KERNELS) for mesh in MESHES]
 

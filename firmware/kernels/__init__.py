@@ -8,18 +8,20 @@ either bit exact or wrong. A kernel drives any device through the host API
 (:class:`wse.sim.api.Device`); :func:`wse.sim.runner.run_kernel` (and
 ``wse kernel``) runs one on a device and checks it.
 
-=============  ================================================================
-``gemv``       y = W x, weights stationary (:mod:`.gemv`)
-``axpy``       y = a x + y, x streamed through the mesh (:mod:`.axpy`)
-``dot``        x . y, x streamed, scalars reduced to one (:mod:`.dot`)
-``broadcast``  copy a vector along every row or column (:mod:`.lines`)
-``reduce``     sum the vectors of every row or column (:mod:`.lines`)
-``spgemm``     Y = W X, W sparse: only non-zeros streamed, index-tagged (:mod:`.spgemm`)
-``spmv``       y = W x, the one-token ``spgemm``
-``gelu``       GELU of tokens x features, forward or backward, erf or tanh form (:mod:`.gelu`)
-``softmax``    causal softmax of one head's scores, forward or backward (:mod:`.softmax`)
-``layernorm``  LayerNorm forward of tokens x features (:mod:`.layernorm`)
-=============  ================================================================
+=================  ================================================================
+``gemv``           y = W x, weights stationary (:mod:`.gemv`)
+``axpy``           y = a x + y, x streamed through the mesh (:mod:`.axpy`)
+``dot``            x . y, x streamed, scalars reduced to one (:mod:`.dot`)
+``broadcast``      copy a vector along every row or column (:mod:`.lines`)
+``reduce``         sum the vectors of every row or column (:mod:`.lines`)
+``spgemm``         Y = W X, W sparse: only non-zeros streamed, index-tagged (:mod:`.spgemm`)
+``spmv``           y = W x, the one-token ``spgemm``
+``gelu``           GELU of tokens x features, forward or backward, erf or tanh form (:mod:`.gelu`)
+``softmax``        causal softmax of one head's scores, forward or backward (:mod:`.softmax`)
+``layernorm``      LayerNorm forward of tokens x features (:mod:`.layernorm`)
+``layernorm_bwd``  LayerNorm backward: dx, dgamma, dbeta (:mod:`.layernorm_bwd`)
+``attention``      one causal head's products (scores, p v) and their backward (:mod:`.attention`)
+=================  ================================================================
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ from .spgemm import Spgemm, Spmv
 from .gelu import Gelu
 from .softmax import Softmax
 from .layernorm import LayerNorm
+from .layernorm_bwd import LayerNormBackward
+from .attention import Attention
 
 __all__ = ["KERNELS", "Kernel", "get_kernel"]
 
 #: Every library kernel by name.
-KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv(), Gelu(), Softmax(), LayerNorm())}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv(), Gelu(), Softmax(), LayerNorm(), LayerNormBackward(), Attention())}
 
 
 def get_kernel(name: str) -> Kernel:
