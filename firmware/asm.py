@@ -31,6 +31,8 @@ Source language (one statement per line)
 * Tasks (anywhere): ``.task ID, LABEL`` (a local task) and
   ``.data_task COLOR, LABEL`` (task ``COLOR`` bound to that color), each with an
   optional trailing ``blocked``.
+* ``.include "FILE"`` (alone on its line; :func:`assemble_file` only): FILE's
+  lines in its place (relative to the including file; nested, no cycles).
 * Instructions: ``mnemonic operands`` in the syntax of the instruction's
   :class:`~wse.firmware.isa.Format`: registers ``r0 .. r15`` (``zero`` is
   ``r0``), descriptor registers ``d0 .. d7``, expressions for immediates,
@@ -97,8 +99,10 @@ class _Stmt:
 
 
 class _Assembler:
-    def __init__(self, source: str, filename: str, config: FabricConfig, defines: dict[str, int]):
+    def __init__(self, source: str, filename: str, config: FabricConfig, defines: dict[str, int],
+                 origins: list[tuple[str, int]] | None = None):
         self.source, self.filename, self.config = source, filename, config
+        self.origins = origins            # (file, line) of each source line, when it spans included files
         self.defines = defines
         self.errors: list[tuple[int, str]] = []
         self.equs: dict[str, tuple[object | None, int]] = {}
@@ -239,6 +243,8 @@ class _Assembler:
                     section = op[1:]
                 elif op in (".task", ".data_task"):
                     tasks.append(stmt)
+                elif op == ".include":
+                    raise StatementError('.include needs a source file (assemble_file) and the form .include "FILE"')
                 elif op in _DATA_DIRECTIVES:
                     if section != "data":
                         raise StatementError(f"{op} is only allowed in .data (the current section is .text)")
@@ -493,9 +499,21 @@ class _Assembler:
             result[name] = Symbol(name, section, addr, size)
         return result
 
+    def where(self, line: int) -> tuple[str, int]:
+        """The file and line a source line came from (``.include``)."""
+        return self.origins[line - 1] if self.origins and 0 < line <= len(self.origins) else (self.filename, line)
+
+    def located(self, line: int, message: str) -> str:
+        name, local = self.where(line)
+
+        def ref(match):                   # a line the message names: FILE:LINE when in another file
+            other, at = self.where(int(match[1]))
+            return f"line {at}" if other == name else f"{other}:{at}"
+        return f"{name}:{local}: " + (re.sub(r"\bline (\d+)", ref, message) if self.origins else message)
+
     def raise_errors(self):
         ordered = sorted(dict.fromkeys(self.errors), key=lambda e: e[0])
-        lines = [f"{self.filename}:{line}: {message}" for line, message in ordered[:MAX_ERRORS]]
+        lines = [self.located(line, message) for line, message in ordered[:MAX_ERRORS]]
         if len(ordered) > MAX_ERRORS:
             lines.append(f"{self.filename}: {len(ordered) - MAX_ERRORS} more errors not shown")
         raise AsmError(lines)
@@ -541,12 +559,41 @@ def assemble(source: str, filename: str = "<string>", config: FabricConfig | Non
     return _Assembler(source, filename, config, _check_defines(defines)).run()
 
 
-def assemble_file(path, config: FabricConfig | None = None, defines: dict[str, int] | None = None) -> Program:
-    """Assemble the file at ``path`` (see :func:`assemble`); a missing or
-    unreadable file raises :class:`~wse.config.UsageError`."""
-    path = Path(path)
+_INCLUDE_RE = re.compile(r'\s*\.include\s+"([^"]+)"\s*(?:[;#].*)?$', re.IGNORECASE)
+
+
+def _read_source(path: Path, within: tuple[Path, ...] = (), at: str = "") -> tuple[list[str], list[tuple[str, int]]]:
+    """The lines of ``path`` with its ``.include`` lines replaced by the included files' lines,
+    and the ``(file, line)`` each came from; ``at``: where ``path`` was included."""
+    if path.resolve() in within:
+        raise AsmError([f"{at}: .include of {path} includes itself (through {' -> '.join(map(str, within))})"])
     try:
         text = read_input(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
-    return assemble(text, str(path), config, defines)
+    except UsageError as exc:
+        if at:
+            raise AsmError([f"{at}: .include: {exc}"]) from None
+        raise
+    lines, origins = [], []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        match = _INCLUDE_RE.match(raw)
+        if match:
+            more, where = _read_source(path.parent / match.group(1), within + (path.resolve(),), f"{path}:{number}")
+            lines, origins = lines + more, origins + where
+        else:
+            lines.append(raw)
+            origins.append((str(path), number))
+    return lines, origins
+
+
+def assemble_file(path, config: FabricConfig | None = None, defines: dict[str, int] | None = None) -> Program:
+    """Assemble the file at ``path`` (see :func:`assemble`), its ``.include "FILE"`` lines
+    replaced by those files (relative to the including file's folder, nested; a cycle is an
+    :class:`AsmError`); errors name the file and line of each statement. A missing or
+    unreadable file raises :class:`~wse.config.UsageError`."""
+    path = Path(path)
+    lines, origins = _read_source(path)
+    config = FabricConfig.current() if config is None else config
+    return _Assembler("\n".join(lines), str(path), config, _check_defines(defines),
+                      origins if any(name != str(path) for name, _ in origins) else None).run()

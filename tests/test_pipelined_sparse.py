@@ -121,6 +121,7 @@ def test_a_plan_without_harvesting_keeps_the_dense_records():
     ((20, 12, 9, 7), (5, 4), 5, 0.3, {}),
     ((9, 5, 3), (2, 2), 3, 5.0, {}),                     # every hidden activation zero
     ((17, 11, 13, 5, 4), (4, 4), 3, 0.2, {"rx_depth": 1, "tx_depth": 1, "router_depth": 1}),
+    ((5, 7, 6, 3), (7, 7), 3, 0.1, {}),                  # input blocks of one and two words, both colors
 ])
 def test_receiver_side_skipping_equals_the_pairs_bit_for_bit(dims, mesh, batch, shift, depths):
     """``sparse="skip"``: dense sends, the receivers skip the zeros; the same bits as the

@@ -25,7 +25,7 @@ __all__ = ["pipelined_program", "PIPE_SOURCE", "T_RUN", "KINDS", "FIELDS", "PREF
            "PV_ENTRY", "encode_pvop", "pvop_entries",
            "dsd_mem", "dsd_fabin", "dsd_fabout"]
 
-#: The program's source file.
+#: The program's source file (it includes ``pipe_sparse.s``, the harvesting record ``psfwd``).
 PIPE_SOURCE = Path(__file__).resolve().parent / "pipe.s"
 #: The local task that runs a phase's op list.
 T_RUN = 0
@@ -41,11 +41,11 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
              ("first", "word"), ("last", "word"), ("bias", "word"), ("relu", "word"), ("send", "word"),
              ("xin", DSD), ("xs", DSD), ("acc", DSD), ("w0", DSD), ("w1", DSD), ("cin", DSD),
              ("cout", DSD), ("ys", DSD), ("b", DSD), ("xout", DSD)),
-    # The forward pass with activation sparsity harvesting (pipe.s, docs/layer_pipelined.md
+    # The forward pass with activation sparsity harvesting (pipe_sparse.s, docs/layer_pipelined.md
     # section 6a): pfwd's fields and `xw` (the inputs from the second on), then `sin`
     # (1: the inputs arrive as (index, value) pairs
     # ending with index -1: only the nonzero ones; 2: they arrive dense and the PE
-    # skips the zeros, its multiply-adds as with the pairs), `sout` (send only the nonzero outputs
+    # skips the zeros, its multiply-adds as with the pairs: pk_rec; `sout` then unused), `sout` (send only the nonzero outputs
     # so), `layer`, `lin`, `lout` (the layer and the first input and output feature of
     # the PE's blocks: the static cycle model's key to the activation pattern), `wbase`
     # (the tile's address), `pbase` (two words for a pair), `zk` and `zo` (+0 times K, O),

@@ -107,13 +107,14 @@ def _psfwd(ops: OpRows, f: dict, pattern) -> None:
     taken = pattern[f["layer"]][:, f["lin"]:f["lin"] + K].sum(axis=1) if f["sin"] else None
     sent = pattern[f["layer"] + 1][:, f["lout"]:f["lout"] + O] if f["send"] and f["sout"] else None
     n_w = max(O, (K - 1) * O) if K > 1 and O else 0
+    ops.busy(4)                                           # ld, li, beq on `sin` 2
+    if f["sin"] == 2:
+        _pskip(ops, f, pattern[f["layer"]][:, f["lin"]:f["lin"] + K], c_x)
+        return
     ops.busy(10)                                          # 5 ld
     for s in range(T):
         ops.busy(3)                                       # ld, bne
-        if f["sin"] == 2:
-            _skip_inputs(ops, f, pattern[f["layer"]][s, f["lin"]:f["lin"] + K], c_x)
-        elif f["sin"]:
-            ops.busy(2)                                   # li, beq
+        if f["sin"]:
             ops.busy(5 + K + 1 + 7 + (5 if f["bias"] else 0) + O + 1 + 10)   # 2 ldsd, setb; fmov; 2 ldsd,
             #                         ld, beq; fmov | ldsd, ld, fmuls, jmp; 3 ldsd, 2 ld
             for _ in range(int(taken[s])):
@@ -132,18 +133,51 @@ def _psfwd(ops: OpRows, f: dict, pattern) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
-def _skip_inputs(ops: OpRows, f: dict, nonzero, c_x: int) -> None:
-    """psfwd's dense inputs with the zeros skipped (``sin`` 2), from ``li`` to ``ps_chain``;
-    ``nonzero``: the sample's inputs of the PE's block, true where the word is not +0."""
-    O = f["o"]
-    ops.busy(2 + 7)                                       # li, beq; 2 ldsd, ld, beq
-    ops.busy(2 + 2 + O + 1 + 1 if f["bias"] else O + 1)   # ldsd, ld, fmuls, jmp | fmov
-    ops.busy(8)                                           # ldsd, 2 add, ld, andi, bne
-    for value in nonzero:
-        ops.recv(c_x)                                     # recv x[k]
-        ops.busy(2 + (O + 1 if value else 0) + 3)         # st, beq; fmacs; addb, addi, bne
-    if c_x == 0:
-        ops.busy(1)                                       # jmp ps_chain
+def _pskip(ops: OpRows, f: dict, nonzero, c_x: int) -> None:
+    """``pk_rec`` (``psfwd`` with ``sin`` 2: dense inputs, the zeros skipped), after the
+    dispatch; ``nonzero``: ``[T, K]``, the inputs of the PE's block, true where the word is not +0."""
+    O, c_in = f["o"], _color(f["cin"])
+    ops.busy(18 + 1 + 6 + 3 + (2 if f["bias"] else 0) + 5 + (4 if f["last"] else 0))   # 9 ld, andi,
+    #                                 3 ldsd, ld, beq; ldsd (bias); 2 ldsd, beq; 2 ldsd (last)
+    for row in nonzero:
+        ops.busy(5 + 1)                                   # 3 add, addi, bne on the color; bge
+        seen = False
+        for k, value in enumerate(row):
+            odd = k == len(row) - 1 and len(row) % 2
+            if odd:
+                ops.busy(1)                               # bne: one input left
+            ops.recv(c_x)                                 # recv x[k]
+            ops.busy(2)                                   # st, bne | beq
+            if value:                                     # (sub, jmp) sub, (addi), mul, add, setb, beq; fmacs
+                ops.busy((6 if odd else 5 + k % 2) + O + 1)
+                ops.busy(1 if seen else 2 if not odd or c_x == 0 else 1)   # jmp | addi, (jmp)
+                seen = True
+            if k % 2:
+                ops.busy(2)                               # addi, blt
+        if len(row) % 2 == 0:
+            ops.busy(1)                                   # bne: no input left
+        ops.busy(1 + (0 if seen else 2 + O + 1))          # bne; ld, fmuls
+        ops.busy(1)                                       # bne on last
+        if not f["last"]:
+            ops.busy(1)                                   # bne on first
+            ops.vec(O, out=_color(f["cout"])) if f["first"] else ops.vec(O, in1=c_in, out=_color(f["cout"]))
+            ops.busy(1 + 3)                               # jmp; add, addi, bne
+            continue
+        ops.busy(2)                                       # setb, bne on first
+        if f["first"]:
+            ops.busy(O + 1)                               # fmov y = P
+        else:
+            ops.vec(O, in1=c_in)                          # fadd y = in + P
+            ops.busy(1)                                   # jmp
+        ops.busy(4 + 1)                                   # 2 ld, beq on send
+        if f["send"]:
+            ops.busy(1)                                   # beq on relu
+            ops.vec(O, out=_color(f["xout"]))             # fmaxs | fmov on to the next region
+            ops.busy(1)                                   # jmp
+        else:
+            ops.busy(1 + (O + 1 if f["relu"] else 0))     # beq; fmaxs in place
+        ops.busy(1 + 3)                                   # add; add, addi, bne
+    ops.busy(1)                                           # jmp op_done
 
 
 def _harvest_send(ops: OpRows, f: dict, sent) -> None:
