@@ -70,12 +70,14 @@ synth: setup
 	  else echo "yosys is missing: run 'sudo apt-get install -y yosys'"; exit 1; fi; }
 	$(PY) -m wse.hdl.export --synth -o build/synth
 
-# Router properties (docs/faults.md section 2): bounded model check, every payload bit.
+# Router properties (docs/faults.md section 2): proved unbounded by k-induction, whole payload, three routers.
 formal: setup
 	@command -v yosys >/dev/null 2>&1 && command -v z3 >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq yosys z3 >/dev/null; \
 	  else echo "yosys or z3 is missing: run 'sudo apt-get install -y yosys z3'"; exit 1; fi; }
-	$(PY) -m wse.hdl.formal --all-bits --bits 3 --depth 20
+	$(PY) -m wse.hdl.formal --induction --bits 33 --depth 4 --colors 2 --router-depth 2
+	$(PY) -m wse.hdl.formal --induction --bits 33 --depth 4 --colors 3 --router-depth 3
+	$(PY) -m wse.hdl.formal --induction --bits 33 --depth 2 --colors 16 --router-depth 2
 
 clean:
 	rm -rf build sim_build runs .pytest_cache

@@ -1,4 +1,4 @@
-"""Formal properties of the router (:class:`wse.hdl.router.Router`, unchanged), checked with Yosys.
+"""Formal properties of the router (:class:`wse.hdl.router.Router`, as built), checked with Yosys.
 
 :class:`RouterProperties` wraps one router in a harness whose inputs are
 free (the solver picks every link, ``ready`` bit, route-table write and
@@ -11,11 +11,25 @@ color whose ``ready`` bit it sees high, and only valid colors), and asserts:
 * **multicast atomic** (and routed): a color leaves only by ports of its
   route's output mask, and when it leaves by one it leaves by all of them in
   the same cycle, carrying the same wavelet;
-* **no wavelet lost or duplicated, order kept**: for a tracked color and a
-  tracked position ``n`` (both chosen freely by the solver once), the
-  ``n``-th wavelet of that color to leave the router is the ``n``-th to
-  enter it, bit for bit, and never leaves before it entered; the number
-  inside never exceeds ``router_depth``.
+* **no wavelet lost or duplicated, order kept**: the solver may pick any
+  wavelet as it enters (one at a time, of any color) and the harness notes
+  how many of its color are inside before it; after exactly that many more
+  of its color have left, the next to leave carries its payload, bit for
+  bit; no color leaves while none of it is inside, and never more than
+  ``router_depth`` of a color are inside.
+
+**Strengthening invariants** (``invariants=True``, asserted and so proved
+along with the properties): the harness's count of a color inside equals
+its FIFO's ``level``; a tracked wavelet sits in the slot ``consume + ahead``
+(modulo the depth) of its color's FIFO, holding the payload the harness
+kept; the harness's shadow of the route masks equals the router's table;
+and the FIFO's own pointer invariants (:class:`wse.hdl.fifo.RouterFIFO`,
+whose pointers and slots the harness can name). With them the properties
+are 1-inductive: ``prove(..., induction=True)`` closes at ``k = 1`` and,
+with the base case, proves them for every cycle of every run (unbounded).
+Without them induction fails at every ``k`` tried: a state the induction
+step may start from can hold in the FIFO something other than what the
+scoreboard saw enter.
 
 **The payload window.** The router never reads a payload bit to decide
 anything, and each payload bit travels alone (bit ``k`` out depends only on
@@ -33,15 +47,20 @@ whole wavelet. The harness's ``lsb`` and ``bits`` choose the window;
 ``"duplicate"`` sends a head without popping it while ``first_color`` is 1,
 ``"ignore_ready"`` shows the router all-ones ``ready`` bits on port N,
 ``"split"`` cuts the copy on port E of a multicast while ``first_color`` is
-1. Each must make the check fail (``tests/test_formal.py``).
+1. Each must make the bounded check fail, with the invariants and with the
+properties alone (``tests/test_formal.py``).
 
-:func:`prove` exports the harness to Verilog (Amaranth's own Yosys, with the
-FIFOs' own pointer invariants), then runs Debian's ``yosys``: by default its
-built-in SAT solver (``sat -tempinduct``) for a bounded model check of
-``depth`` cycles from reset and, with ``induction``, a ``depth``-induction
-attempt; or ``yosys-smtbmc`` with z3 (much slower here). Debian's boolector
-1.5 rejects ``yosys-smtbmc``'s SMT2 (``set-option``), so it is not offered.
-``python -m wse.hdl.formal --all-bits`` is ``make formal``.
+The harness builds the router with ``visible=True``: its FIFOs get one more
+read port per slot, which only read (the logic the RTL uses is the same;
+with ``visible=False`` the FIFO's Verilog is ``SyncFIFO``'s).
+
+:func:`prove` exports the harness to Verilog (Amaranth's own Yosys), then
+runs Debian's ``yosys``: by default its built-in SAT solver (``sat
+-tempinduct``) for a bounded model check of ``depth`` cycles from reset and,
+with ``induction``, a k-induction step for ``k`` up to ``depth``; or
+``yosys-smtbmc`` with z3 (much slower here). Debian's boolector 1.5 rejects
+``yosys-smtbmc``'s SMT2 (``set-option``), so it is not offered.
+``python -m wse.hdl.formal`` is ``make formal`` (``docs/faults.md`` section 2).
 """
 
 from __future__ import annotations
@@ -66,9 +85,6 @@ from .router import PORTS, ROUTE_BITS, Router
 __all__ = ["PAYLOAD_BITS", "BUGS", "SOLVERS", "RouterProperties", "payload_independent", "prove", "tools_missing",
            "main"]
 
-#: Width of the harness's wavelet counters: the tracked position is below 2**(COUNT_BITS - 1).
-COUNT_BITS = 5
-
 #: Payload bits of a wavelet as the router stores it: 32 data bits and ``ctrl`` (bit 32).
 PAYLOAD_BITS = DATA_BITS + 1
 
@@ -83,7 +99,7 @@ class _MutantRouter(Router):
     """A :class:`Router` with one planted bug, applied after its own elaboration."""
 
     def __init__(self, config: FabricConfig, bug: str):
-        super().__init__(config)
+        super().__init__(config, visible=True)
         self._bug = bug
 
     def elaborate(self, platform):
@@ -96,9 +112,9 @@ class _MutantRouter(Router):
             with m.If(trigger):
                 m.d.comb += self.tx[1].valid.eq(0)
         elif self._bug == "duplicate":   # the head is sent but not popped
-            for c in range(self.config.colors):
+            for fifo in self.fifos:
                 with m.If(trigger):
-                    m.d.comb += getattr(m.submodules, f"fifo_{c}").r_en.eq(0)
+                    m.d.comb += fifo.r_en.eq(0)
         return m
 
 
@@ -122,6 +138,10 @@ class RouterProperties(Elaboratable):
         33-bit payload (``ctrl`` is bit 32); the other bits enter as zero.
     bug : str or None
         A planted bug from :data:`BUGS`, or None for the router as built.
+    invariants : bool
+        Also assert the strengthening invariants that tie the scoreboard to
+        the router's state (what k-induction needs; see the module
+        docstring). Without them only the properties are asserted.
 
     Raises
     ------
@@ -129,7 +149,8 @@ class RouterProperties(Elaboratable):
         If the window does not fit the payload or ``bug`` is unknown.
     """
 
-    def __init__(self, config: FabricConfig, bits: int = PAYLOAD_BITS, lsb: int = 0, bug: str | None = None):
+    def __init__(self, config: FabricConfig, bits: int = PAYLOAD_BITS, lsb: int = 0, bug: str | None = None,
+                 invariants: bool = True):
         self._MustUse__silence = True  # a rejected harness is not an unused one
         if not isinstance(config, FabricConfig):
             raise TypeError(f"config must be a FabricConfig, not {config!r}")
@@ -138,6 +159,7 @@ class RouterProperties(Elaboratable):
             raise UsageError(f"bug must be one of {', '.join(BUGS)}, not {bug!r}")
         self._MustUse__silence = False
         self.config, self.bits, self.lsb, self.bug = config, bits, lsb, bug
+        self.invariants = bool(invariants)
         C = config.colors
         self.rx_valid = [Signal(name=f"rx{p}_valid") for p in range(PORTS)]
         self.rx_color = [Signal(COLOR_BITS, name=f"rx{p}_color") for p in range(PORTS)]
@@ -147,13 +169,13 @@ class RouterProperties(Elaboratable):
         self.route_we = Signal()
         self.route_color = Signal(COLOR_BITS)
         self.route_wdata = Signal(ROUTE_BITS)
+        self.pick = Signal()
         self.pick_color = Signal(COLOR_BITS)
-        self.pick_index = Signal(COUNT_BITS - 1)
 
     def ports(self) -> list:
         """The free inputs, for the Verilog export."""
         return [*self.rx_valid, *self.rx_color, *self.rx_data, *self.tx_ready, self.first_color, self.route_we,
-                self.route_color, self.route_wdata, self.pick_color, self.pick_index]
+                self.route_color, self.route_wdata, self.pick, self.pick_color]
 
     def _payload_in(self, p: int):
         """The 33-bit payload entering port ``p``: the free window, zeros elsewhere."""
@@ -161,14 +183,14 @@ class RouterProperties(Elaboratable):
         parts = ([Const(0, self.lsb)] if self.lsb else []) + [self.rx_data[p]] + ([Const(0, high)] if high else [])
         return Cat(*parts)
 
-    def _payload_out(self, tx):
-        """The free window of the payload leaving by link ``tx``."""
-        return Cat(tx.payload.data, tx.payload.ctrl)[self.lsb:self.lsb + self.bits]
+    def _window(self, payload):
+        """The free window of a 33-bit payload (data, then ``ctrl``)."""
+        return payload[self.lsb:self.lsb + self.bits]
 
     def elaborate(self, platform):
         m = Module()
         cfg, C = self.config, self.config.colors
-        router = Router(cfg) if self.bug in (None, "ignore_ready") else _MutantRouter(cfg, self.bug)
+        router = Router(cfg, visible=True) if self.bug in (None, "ignore_ready") else _MutantRouter(cfg, self.bug)
         m.submodules.router = router
         for p in range(PORTS):
             payload = self._payload_in(p)
@@ -194,7 +216,7 @@ class RouterProperties(Elaboratable):
                 with m.If(self.route_color == c):
                     m.d.sync += masks[c].eq(self.route_wdata[3:])
         self._grants(m, router, masks)
-        self._scoreboard(m, router)
+        self._scoreboard(m, router, masks)
         return m
 
     def _grants(self, m: Module, router: Router, masks: list) -> None:
@@ -213,44 +235,68 @@ class RouterProperties(Elaboratable):
                             m.d.comb += Assert(Cat(router.tx[p].payload.data, router.tx[p].payload.ctrl)
                                                == Cat(router.tx[q].payload.data, router.tx[q].payload.ctrl))
 
-    def _scoreboard(self, m: Module, router: Router) -> None:
-        cfg = self.config
-        started = Signal()
-        color = Signal(COLOR_BITS)
-        index = Signal(COUNT_BITS - 1)
-        m.d.sync += started.eq(1)
-        with m.If(~started):            # the tracked color and position: chosen once, in cycle 0
-            m.d.sync += [color.eq(self.pick_color), index.eq(self.pick_index)]
-        track_color = Signal(COLOR_BITS)
-        track_index = Signal(COUNT_BITS - 1)
-        m.d.comb += [track_color.eq(color), track_index.eq(index)]
-        with m.If(~started):
-            m.d.comb += [track_color.eq(self.pick_color), track_index.eq(self.pick_index)]
+    def _traffic(self, m: Module, router: Router):
+        """Per color: does a wavelet enter, does one leave, with which window of payload."""
+        C = self.config.colors
+        enter = [Signal(name=f"enter_{c}") for c in range(C)]
+        leave = [Signal(name=f"leave_{c}") for c in range(C)]
+        entering = [Signal(self.bits, name=f"entering_{c}") for c in range(C)]
+        leaving = [Signal(self.bits, name=f"leaving_{c}") for c in range(C)]
+        for c in range(C):
+            for p in range(PORTS):
+                with m.If(self.rx_valid[p] & (self.rx_color[p] == c)):
+                    m.d.comb += [enter[c].eq(1), entering[c].eq(self.rx_data[p])]
+                tx = router.tx[p]
+                with m.If(tx.valid & (tx.payload.color == c)):
+                    m.d.comb += [leave[c].eq(1), leaving[c].eq(self._window(Cat(tx.payload.data, tx.payload.ctrl)))]
+        return enter, leave, entering, leaving
 
-        came, went = Signal(COUNT_BITS), Signal(COUNT_BITS)
-        kept, have = Signal(self.bits), Signal()
-        enters = Signal()
-        entering = Signal(self.bits)
-        for p in range(PORTS):
-            with m.If(self.rx_valid[p] & (self.rx_color[p] == track_color)):
-                m.d.comb += [enters.eq(1), entering.eq(self.rx_data[p])]
-        leaves = Signal()
-        leaving = Signal(self.bits)
-        for p in range(PORTS):
-            tx = router.tx[p]
-            with m.If(tx.valid & (tx.payload.color == track_color)):
-                m.d.comb += [leaves.eq(1), leaving.eq(self._payload_out(tx))]
-        with m.If(enters):
-            m.d.sync += came.eq(came + 1)
-            with m.If(came == track_index):
-                m.d.sync += [kept.eq(entering), have.eq(1)]
-        with m.If(leaves):
-            m.d.sync += went.eq(went + 1)
-            with m.If(went == track_index):
-                m.d.comb += [Assert(have), Assert(leaving == kept)]
-        m.d.comb += [Assert(went <= came), Assert(came - went <= cfg.router_depth)]
-        # Stop counting before the counters wrap: the bound covers the positions that matter.
-        m.d.comb += Assume(came < (1 << COUNT_BITS) - 1)
+    def _scoreboard(self, m: Module, router: Router, masks: list) -> None:
+        depth, C = self.config.router_depth, self.config.colors
+        enter, leave, entering, leaving = self._traffic(m, router)
+        # Wavelets of each color inside: never more than the FIFO holds, and none leaves from nothing.
+        inside = [Signal(range(depth + 2), name=f"inside_{c}") for c in range(C)]
+        for c in range(C):
+            m.d.sync += inside[c].eq(inside[c] + enter[c] - leave[c])
+            m.d.comb += Assert(inside[c] <= depth)
+            with m.If(leave[c]):
+                m.d.comb += Assert(inside[c] != 0)
+        # One tracked wavelet at a time, picked freely as it enters: `ahead` of its color are inside before it.
+        # After `ahead` more of its color have left, the next to leave must carry its payload.
+        tracking, color = Signal(), Signal(COLOR_BITS)
+        ahead, kept = Signal(range(depth + 1)), Signal(self.bits)
+        with m.If(tracking):
+            for c in range(C):
+                with m.If((color == c) & leave[c]):
+                    with m.If(ahead == 0):
+                        m.d.comb += Assert(leaving[c] == kept)
+                        m.d.sync += tracking.eq(0)
+                    with m.Else():
+                        m.d.sync += ahead.eq(ahead - 1)
+        with m.Elif(self.pick):
+            for c in range(C):
+                with m.If((self.pick_color == c) & enter[c]):
+                    m.d.sync += [tracking.eq(1), color.eq(c), kept.eq(entering[c]),
+                                 ahead.eq(inside[c] - leave[c])]
+        if self.invariants:
+            self._invariants(m, router, masks, inside, (tracking, color, ahead, kept))
+
+    def _invariants(self, m: Module, router: Router, masks: list, inside: list, tracker: tuple) -> None:
+        """The strengthening invariants: the scoreboard's state is the router's, slot for slot."""
+        depth, C = self.config.router_depth, self.config.colors
+        tracking, color, ahead, kept = tracker
+        for c in range(C):
+            fifo = router.fifos[c]
+            m.d.comb += [Assert(inside[c] == fifo.level), Assert(masks[c] == router.route_out[c])]
+            with m.If(tracking & (color == c)):
+                # The tracked wavelet is inside, in the slot `ahead` places behind the head.
+                m.d.comb += Assert(ahead < fifo.level)
+                where = fifo.consume + ahead
+                for slot, data in enumerate(fifo.slots):
+                    with m.If((where == slot) | (where == slot + depth)):
+                        m.d.comb += Assert(self._window(data) == kept)
+        with m.If(tracking):
+            m.d.comb += Assert(color < C)
 
 
 def tools_missing(solver: str = "sat") -> str | None:
@@ -313,14 +359,19 @@ def payload_independent(config: FabricConfig, router: Router | None = None, work
 
 
 def prove(config: FabricConfig, depth: int, induction: bool = False, *, bits: int = PAYLOAD_BITS, lsb: int = 0,
-          bug: str | None = None, solver: str = "sat", workdir=None) -> dict:
+          bug: str | None = None, invariants: bool = True, solver: str = "sat", workdir=None) -> dict:
     """Check the properties of :class:`RouterProperties` for ``config`` and the payload window ``[lsb, lsb + bits)``.
 
-    Returns ``{"bmc": bool, "depth": depth, "induction": bool | None, "seconds": float,
-    "failed": str | None, "log": str}``: whether no assertion fails within
-    ``depth`` cycles from reset and, with ``induction``, whether
-    ``depth``-induction proves them for every cycle; ``failed`` is the
-    source line of the first failing assertion (``formal.py:N``; z3 engine only), if any.
+    Returns ``{"bmc": bool, "depth": depth, "induction": bool | None, "k": int | None, "seconds": float,
+    "failed": str | None, "log": str}``: ``bmc`` says no assertion fails
+    within ``depth`` cycles from reset; with ``induction``, ``induction``
+    says a ``k``-induction step with ``k <= depth`` closes (with Yosys's
+    engine the smallest such ``k``; with z3, ``k = depth``), which together
+    with the base case proves the assertions for every cycle of every run,
+    unbounded. ``failed`` is the source line of the first failing assertion
+    (``formal.py:N``; z3 engine only), if any. ``invariants=False`` leaves out
+    the strengthening invariants (the properties alone: enough for a
+    bounded check, not for induction).
 
     Raises
     ------
@@ -337,7 +388,7 @@ def prove(config: FabricConfig, depth: int, induction: bool = False, *, bits: in
         raise UsageError(f"formal checks need yosys and {solver}: {missing}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise UsageError(f"depth must be a positive integer, not {depth!r}")
-    harness = RouterProperties(config, bits=bits, lsb=lsb, bug=bug)
+    harness = RouterProperties(config, bits=bits, lsb=lsb, bug=bug, invariants=invariants)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir or tmp)
@@ -346,15 +397,17 @@ def prove(config: FabricConfig, depth: int, induction: bool = False, *, bits: in
                                                              platform="formal"))
         prep = "read_verilog -formal -icells router_props.v; prep -top router_props -flatten; memory_map; opt -full; " \
                "async2sync; dffunmap"
-        result = {"depth": depth, "induction": None, "failed": None}
+        result = {"depth": depth, "induction": None, "k": None, "failed": None}
         if solver == "sat":
             log = _run(["yosys", "-p", f"{prep}; sat -tempinduct -tempinduct-baseonly -prove-asserts -set-assumes "
                         f"-maxsteps {depth}"], work, check=False)
             result["bmc"] = f"proved base case for {depth} steps: SUCCESS!" in log
             if induction and result["bmc"]:
                 out = _run(["yosys", "-p", f"{prep}; sat -tempinduct -tempinduct-inductonly -prove-asserts "
-                            f"-set-assumes -seq 1 -maxsteps {depth}"], work, check=False)
+                            f"-set-assumes -maxsteps {depth}"], work, check=False)
                 result["induction"] = "Induction step proven: SUCCESS!" in out
+                lengths = re.findall(r"Trying induction with length (\d+)", out)
+                result["k"] = int(lengths[-1]) if result["induction"] and lengths else None
                 log += out
         else:
             log = _run(["yosys", "-q", "-p", f"{prep}; opt_clean; write_smt2 -wires router_props.smt2"], work)
@@ -366,6 +419,7 @@ def prove(config: FabricConfig, depth: int, induction: bool = False, *, bits: in
                 out = _run(["yosys-smtbmc", "-s", solver, "-i", "-t", str(depth), "router_props.smt2"], work,
                            check=False)
                 result["induction"] = "PASSED" in out and "FAILED" not in out
+                result["k"] = depth if result["induction"] else None
                 log += out
             failed = re.search(r"Assert failed in \S+: \S*?(formal\.py:\d+)", log)
             result["failed"] = failed.group(1) if failed else None
@@ -391,7 +445,7 @@ def main(argv=None) -> int:
     parser.add_argument("--all-bits", action="store_true", help="walk windows of --bits over all 33 payload bits")
     parser.add_argument("--solver", default="sat", help=f"one of {', '.join(SOLVERS)} (default sat: yosys's own)")
     parser.add_argument("--bug", default=None, help=f"plant a bug, one of {', '.join(BUGS)} (the check must fail)")
-    parser.add_argument("--induction", action="store_true", help="also try k-induction with k = depth")
+    parser.add_argument("--induction", action="store_true", help="also prove by k-induction (unbounded), k up to --depth")
     args = parser.parse_args(argv)
     ok = True
     try:
@@ -413,7 +467,8 @@ def main(argv=None) -> int:
             print(json.dumps({"check": "router_properties", "colors": args.colors, "router_depth": args.router_depth,
                               "payload_bits": [lsb, lsb + bits], "bug": args.bug, "solver": args.solver,
                               "depth": args.depth, "bmc": result["bmc"], "induction": result["induction"],
-                              "failed": result["failed"], "seconds": result["seconds"]}), flush=True)
+                              "k": result["k"], "failed": result["failed"], "seconds": result["seconds"]}),
+                  flush=True)
             if not result["bmc"] and args.bug is None:
                 print(result["log"][-4000:])
     except UsageError as exc:

@@ -9,11 +9,11 @@ cycle.
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from wse.config import COLOR_BITS, DATA_BITS, ROUTE_INPUT_NONE, FabricConfig, Port
 
+from .fifo import RouterFIFO
 from .wavelet import link_signature
 
 __all__ = ["PORTS", "ROUTE_BITS", "route_port_signature", "encode_route", "decode_route", "Router"]
@@ -71,6 +71,9 @@ class Router(wiring.Component):
     ----------
     config : FabricConfig
         ``colors`` and ``router_depth`` size the router.
+    visible : bool
+        Give each FIFO a read port per slot (:class:`~wse.hdl.fifo.RouterFIFO`),
+        for the formal harness (``hdl/formal.py``); the RTL leaves it off.
 
     Members
     -------
@@ -93,13 +96,17 @@ class Router(wiring.Component):
     sent : Out(range(6))
         Wavelets leaving this cycle (one per output port used: router hops).
 
+    The router's state is readable for proofs (not ports): ``fifos`` (one
+    :class:`~wse.hdl.fifo.RouterFIFO` per color), ``route_in`` and
+    ``route_out`` (the route table's registers per color).
+
     Raises
     ------
     TypeError
         If ``config`` is not a :class:`FabricConfig`.
     """
 
-    def __init__(self, config: FabricConfig):
+    def __init__(self, config: FabricConfig, *, visible: bool = False):
         if not isinstance(config, FabricConfig):
             self._MustUse__silence = True  # a rejected design is not an unused one
             raise TypeError(f"config must be a FabricConfig, not {config!r}")
@@ -113,6 +120,11 @@ class Router(wiring.Component):
             "idle": Out(1),
             "sent": Out(range(PORTS + 1)),
         })
+        colors = config.colors
+        self.route_in = [Signal(3, init=ROUTE_INPUT_NONE, name=f"route_in_{c}") for c in range(colors)]
+        self.route_out = [Signal(PORTS, name=f"route_out_{c}") for c in range(colors)]
+        self.fifos = [RouterFIFO(width=DATA_BITS + 1, depth=config.router_depth, visible=visible)
+                      for _ in range(colors)]
 
     @property
     def config(self) -> FabricConfig:
@@ -124,8 +136,7 @@ class Router(wiring.Component):
         colors = self._config.colors
 
         # Route table: registers, since every color's route is read every cycle.
-        route_in = [Signal(3, init=ROUTE_INPUT_NONE, name=f"route_in_{c}") for c in range(colors)]
-        route_out = [Signal(PORTS, name=f"route_out_{c}") for c in range(colors)]
+        route_in, route_out = self.route_in, self.route_out
         with m.Switch(self.route.color):
             for c in range(colors):
                 with m.Case(c):
@@ -135,11 +146,9 @@ class Router(wiring.Component):
                                      route_out[c].eq(self.route.wdata[3:])]
 
         # Per-color FIFOs of data and ctrl (the color is implicit).
-        fifos = []
-        for c in range(colors):
-            fifo = SyncFIFO(width=DATA_BITS + 1, depth=self._config.router_depth)
+        fifos = self.fifos
+        for c, fifo in enumerate(fifos):
             m.submodules[f"fifo_{c}"] = fifo
-            fifos.append(fifo)
             for p in range(PORTS):
                 m.d.comb += self.rx[p].ready[c].eq((route_in[c] == p) & fifo.w_rdy)
             # A color is taken only from its route's input port.

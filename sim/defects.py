@@ -35,7 +35,7 @@ import numpy as np
 from wse.config import ROUTE_INPUT_NONE, FabricConfig, Port, UsageError
 
 __all__ = ["DefectMap", "DefectError", "Remap", "RouteMapper", "DefectDevice", "parse_defects", "plan_remap",
-           "defect_factory"]
+           "physical_routes", "check_physical", "defect_factory"]
 
 _ONE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*([NnEeSsWw])\s*)?$")
 #: Subsets of candidate rows (or columns) tried exhaustively; above it the cover is greedy.
@@ -522,36 +522,60 @@ class DefectDevice:
         return self.device.registers(*self._xy(x, y))
 
     def check_remapped(self, routes, *, what: str, traffic: dict | None = None, rings=()):
-        """The static deadlock check (:func:`wse.firmware.deadlock.check_routes`) of
-        logical ``routes`` as this device would install them: the physical routes
-        with their pass-throughs, the PEs' ``traffic`` and the ``rings``' members at
-        their physical places. Raises :class:`~wse.firmware.deadlock.DeadlockError`
-        or :class:`DefectError`; returns the proof."""
-        from wse.firmware.deadlock import Ring, check_routes
-
-        rm = self.remap
-        mapper = RouteMapper(rm)
-        mapper.routes = dict(self.mapper.routes)      # the routes installed so far, then these
-        physical = mapper.set_many(list(routes))
-        if traffic is not None:
-            traffic = {rm.physical(x, y): flows for (x, y), flows in traffic.items()}
-        rings = [Ring(r.name, tuple(rm.physical(x, y) + (a, b) for x, y, a, b in r.members), r.message,
-                      r.receive_first) for r in rings]
-        return check_routes(rm.physical_config(self.config), physical, what=f"{what} (around the defects)",
-                            traffic=traffic, rings=rings)
+        """:func:`check_physical` of logical ``routes`` as this device would install them (after the routes
+        installed so far); raises ``DeadlockError`` or :class:`DefectError`, returns the proof."""
+        return check_physical(self.remap, self.config, routes, what=what, traffic=traffic, rings=rings,
+                              installed=self.mapper.routes)
 
     # ------------------------------------------------------------------ faults
-    def inject(self, x: int, y: int, addr: int, bits) -> None:
-        """Flip stored bits of a word of logical PE ``(x, y)`` (a device with memory ECC)."""
+    def inject(self, x: int, y: int, addr: int, bits, cycle: int | None = None) -> None:
+        """Flip stored bits of a word of logical PE ``(x, y)`` (a device with memory ECC), now or armed at ``cycle``."""
         if not hasattr(self.device, "inject"):
             raise UsageError(f"inject needs a device with memory ECC, not {self.backend}")
-        self.device.inject(*self._xy(x, y), addr, bits)
+        self.device.inject(*self._xy(x, y), addr, bits, cycle)
 
     def ecc_counters(self) -> dict[str, np.ndarray]:
         """Memory ECC counters of the kept PEs (``[height, width]``)."""
         if not hasattr(self.device, "ecc_counters"):
             raise UsageError(f"ecc_counters needs a device with memory ECC, not {self.backend}")
         return {k: self._logical_grid(v) for k, v in self.device.ecc_counters().items()}
+
+
+def physical_routes(remap: Remap, routes, installed: dict | None = None) -> list[tuple]:
+    """The physical entries ``(x, y, color, input, outputs)`` of logical ``routes`` on ``remap``'s mesh:
+    each route at its physical router and the spare routers' pass-throughs it needs (after the logical
+    routes ``installed``, a :attr:`RouteMapper.routes`, if given); a :class:`DefectError` if a spare
+    router would have to pass a color both ways."""
+    mapper = RouteMapper(remap)
+    mapper.routes = dict(installed or {})
+    return mapper.set_many(list(routes))
+
+
+def check_physical(remap: Remap, config: FabricConfig, routes, *, what: str, traffic: dict | None = None,
+                   rings=(), installed: dict | None = None):
+    """The static deadlock check (:func:`wse.firmware.deadlock.check_routes`) of
+    logical ``routes`` on the physical mesh of ``remap``: the physical routes
+    with their pass-throughs (:func:`physical_routes`), the logical PEs'
+    ``traffic`` and the ``rings``' members at their physical places; ``config``
+    is the logical fabric (its queue depths are the physical mesh's).
+    Returns the proof (its ``what`` says "around the defects").
+
+    Raises
+    ------
+    DeadlockError
+        If the physical route set can deadlock (the cycle, channel by channel).
+    DefectError
+        If a spare router would have to pass a color both ways.
+    """
+    from wse.firmware.deadlock import Ring, check_routes
+
+    physical = physical_routes(remap, routes, installed)
+    if traffic is not None:
+        traffic = {remap.physical(x, y): flows for (x, y), flows in traffic.items()}
+    rings = [Ring(r.name, tuple(remap.physical(x, y) + (a, b) for x, y, a, b in r.members), r.message,
+                  r.receive_first) for r in rings]
+    return check_routes(remap.physical_config(config), physical, what=f"{what} (around the defects)",
+                        traffic=traffic, rings=rings)
 
 
 def defect_factory(make: Callable[[FabricConfig], object], remap: Remap) -> Callable[[FabricConfig], DefectDevice]:

@@ -1,17 +1,26 @@
 """The router's formal properties (``hdl/formal.py``, ``docs/faults.md`` section 2).
 
-A short bounded model check of the router as built must pass; each planted
-bug must make the same check fail; the payload-window abstraction's
-premise (no decision reads the payload, each payload bit travels alone) is
-checked on the router's netlist, and a router that breaks it is caught.
-``make formal`` runs the deeper check over every payload bit.
+A short bounded model check of the router as built must pass, and a
+k-induction proof (unbounded) on a small configuration must close; each
+planted bug must make the bounded check fail, with the properties alone too;
+without the strengthening invariants induction must not close, and a wrong
+invariant must fail. The payload-window abstraction's premise (no decision
+reads the payload, each payload bit travels alone) is checked on the
+router's netlist, and a router that breaks it is caught. The router's FIFO
+must give ``SyncFIFO``'s Verilog. ``make formal`` runs the unbounded proofs
+on the whole payload.
 """
 
+import re
 import shutil
 
 import pytest
+from amaranth.back import verilog
+from amaranth.hdl import Assert
+from amaranth.lib.fifo import SyncFIFO
 
 from wse.config import FabricConfig, UsageError
+from wse.hdl.fifo import RouterFIFO
 from wse.hdl.formal import BUGS, PAYLOAD_BITS, RouterProperties, main, payload_independent, prove, tools_missing
 from wse.hdl.router import Router
 
@@ -28,17 +37,67 @@ def test_router_properties_hold_to_short_bound():
     assert result["bmc"], result["log"][-3000:]
 
 
-def test_router_properties_hold_on_ctrl_bit_and_three_colors():
-    # The ctrl bit (payload bit 32) through a window, and a router with an odd number of colors.
-    result = prove(FabricConfig(colors=3, router_depth=1), 8, bits=2, lsb=PAYLOAD_BITS - 2)
-    assert result["bmc"], result["log"][-3000:]
+def test_router_properties_proved_unbounded_by_induction():
+    result = prove(CFG, 2, induction=True, bits=1, lsb=0)
+    assert result["bmc"] and result["induction"], result["log"][-3000:]
+    assert result["k"] == 1
+
+
+def test_induction_on_ctrl_bit_three_colors_odd_depth():
+    # The ctrl bit (payload bit 32) through a window, an odd number of colors, and depth 3: the FIFO's
+    # pointers wrap by a compare, not by overflow.
+    result = prove(FabricConfig(colors=3, router_depth=3), 2, induction=True, bits=2, lsb=PAYLOAD_BITS - 2)
+    assert result["bmc"] and result["induction"] and result["k"] == 1, result["log"][-3000:]
+
+
+def test_induction_needs_the_invariants():
+    result = prove(CFG, 3, induction=True, bits=1, invariants=False)
+    assert result["bmc"] and result["induction"] is False and result["k"] is None
+    assert "Induction step failed" in result["log"]
+
+
+class _WrongSlot(RouterProperties):
+    """A harness whose slot invariant names the wrong slot (one behind the tracked wavelet's)."""
+
+    def _invariants(self, m, router, masks, inside, tracker):
+        tracking, color, ahead, kept = tracker
+        for c, fifo in enumerate(router.fifos):
+            where = fifo.consume + ahead + 1
+            for slot, data in enumerate(fifo.slots):
+                with m.If(tracking & (color == c) & ((where == slot) | (where == slot + fifo.depth))):
+                    m.d.comb += Assert(self._window(data) == kept)
+
+
+def test_a_wrong_invariant_fails(monkeypatch):
+    monkeypatch.setattr("wse.hdl.formal.RouterProperties", _WrongSlot)
+    result = prove(CFG, 6, bits=1)
+    assert not result["bmc"]
 
 
 @pytest.mark.parametrize("bug", BUGS)
 def test_planted_bug_fails_the_proof(bug):
-    result = prove(CFG, 10, bits=1, bug=bug)
+    # The properties alone catch each bug (with the invariants it fails too, and sooner).
+    result = prove(CFG, 10, bits=1, bug=bug, invariants=False)
     assert not result["bmc"], f"planted bug {bug!r} was not caught"
     assert "model found for base case: FAIL!" in result["log"]
+
+
+def _without_sources(text: str) -> str:
+    return re.sub(r"\n\s*\n", "\n", re.sub(r'\(\* src = "[^"]*" \*\) ?', "", text))
+
+
+@pytest.mark.parametrize("width,depth", [(33, 2), (33, 1), (7, 3), (5, 4)])
+def test_router_fifo_is_syncfifo(width, depth):
+    # The router's FIFO generates SyncFIFO's logic: same ports, memory, pointers and Verilog.
+    ours, theirs = RouterFIFO(width=width, depth=depth), SyncFIFO(width=width, depth=depth)
+    names = ["w_data", "w_en", "w_rdy", "w_level", "r_data", "r_en", "r_rdy", "r_level", "level"]
+    assert _without_sources(verilog.convert(ours, ports=[getattr(ours, n) for n in names])) == \
+        _without_sources(verilog.convert(theirs, ports=[getattr(theirs, n) for n in names]))
+
+
+def test_router_fifo_rejects_bad_sizes():
+    with pytest.raises(TypeError, match="depth must be a positive integer"):
+        RouterFIFO(width=4, depth=0)
 
 
 def test_payload_is_never_read_and_bits_travel_alone():

@@ -6,14 +6,19 @@ The model is compiled for the usable logical mesh that the dead parts of
 physical mesh through a :class:`~wse.sim.defects.DefectDevice`, registered
 as a device and a runtime backend of its own name (:func:`runtime_backend`);
 the functional backends compute the logical executable's bits, which are
-the physical mesh's (``docs/faults.md`` section 4), and say so.
+the physical mesh's (``docs/faults.md`` section 4), and say so. Whatever
+the backend, :func:`on_defects` checks every phase's physical route set for
+deadlock and gives the executable the physical mesh's cycles.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 from wse.config import FabricConfig
 
-__all__ = ["remap_of", "usable_fabric", "runtime_backend", "defects_text"]
+__all__ = ["remap_of", "usable_fabric", "on_defects", "runtime_backend", "defects_text"]
 
 
 def remap_of(settings):
@@ -30,6 +35,41 @@ def usable_fabric(settings) -> FabricConfig:
     remap = remap_of(settings)
     width, height = (remap.width, remap.height) if remap is not None else settings.mesh_shape
     return FabricConfig(width=width, height=height)
+
+
+def on_defects(executable, settings):
+    """The executable a run on ``settings``' defective mesh uses (``executable`` itself for a perfect mesh).
+
+    Every phase's route set is checked for deadlock on the physical mesh,
+    with the spare routers' pass-throughs (:func:`wse.host.compiler.physical.check_on_defects`);
+    the executable comes back as a copy whose phases carry the physical
+    mesh's cycles (the static cycle model on the physical network,
+    :func:`~wse.host.compiler.physical.cycles_on_defects`: the golden
+    model's count on the defective mesh), so the plan, the step cycles and
+    every backend's report are the defective mesh's. A layer-pipelined
+    executable that harvests activation sparsity (its forward cycles depend
+    on the batch) keeps the logical mesh's cycles.
+
+    Raises
+    ------
+    DeadlockError
+        If a phase's physical route set can deadlock (one line, exit code 2).
+    DefectError
+        If a spare router would have to pass a color both ways.
+    """
+    remap = remap_of(settings)
+    if remap is None:
+        return executable
+    from wse.host.compiler.physical import check_on_defects, cycles_on_defects
+
+    check_on_defects(executable, remap)
+    try:
+        cycles = cycles_on_defects(executable, remap)
+    except ValueError:      # a harvesting layer-pipelined executable: its cycles depend on the batch
+        return executable
+    timed = copy.copy(executable)
+    timed.phases = {name: dataclasses.replace(phase, cycles=cycles[name]) for name, phase in executable.phases.items()}
+    return timed
 
 
 def runtime_backend(settings) -> str:
@@ -66,4 +106,6 @@ def defects_text(settings) -> str:
            if settings.backend in DEVICES else
            f"the {settings.backend} backend computes the usable mesh's executable, whose bits the defective "
            "mesh gives too")
-    return f"{remap.describe()}\n{how}"
+    checked = ("every phase's physical route set is checked for deadlock; a step's cycles are the physical "
+               "mesh's (the spare routers add latency)")
+    return f"{remap.describe()}\n{how}\n{checked}"

@@ -22,7 +22,7 @@ from wse.host.data import Batches
 from wse.host.memoryx import MemoryX
 
 from .checkpoint import latest_checkpoint, load_checkpoint
-from .defects import defects_text, runtime_backend, usable_fabric
+from .defects import defects_text, on_defects, runtime_backend, usable_fabric
 from .folder import RunLock, check_tier_space, choose_run_folder, start_run_folder
 from .job import Job, load_dataset, load_job
 from .options import Settings, TrainConfig, compiler_mode, resolve_settings
@@ -172,6 +172,7 @@ def prepare(config: TrainConfig) -> Prepared:
     else:
         executable = _compile(model, torch.from_numpy(x_train[:settings.batch].copy()), fabric, settings.batch,
                               mode=mode, optimizer=settings.optimizer_config)
+    executable = on_defects(executable, settings)   # around --defects: checked and timed on the physical mesh
     # the mode auto chose is the run's: a resumed run keeps it whatever its --systems
     settings = dataclasses.replace(settings, mode=executable.mode.replace("_", "-"))
     if settings.systems > 1 and settings.mode == "pipelined":
