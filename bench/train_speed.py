@@ -21,10 +21,19 @@ a wide MLP (``--models``: ``fc_mnist`` 784-256-256-10, ``wide``
 model and backend the median step time, the ratio to the first backend's and
 whether logits and gradients are the first backend's bit for bit.
 
+With ``--gpt`` it times the GPT instead (examples/char_gpt.py on the pydoc
+corpus, batch 16 x 32 characters): the appliance's step (the functional model
+of the transformer's float order on the run's layout, joined gradients, MemoryX's
+Adam step) against PyTorch's (forward, cross-entropy, backward, ``torch.optim.Adam``)
+from the same initial weights on the same batches, and prints both step times
+and their ratio (target: at most 10). The GPT has no fabric cycles yet: its
+attention, LayerNorm and GELU phases are not compiled for the fabric.
+
 Usage: python bench/train_speed.py [--mesh 16x16] [--batch 64] [--steps 20] [--rounds 3] [--warmup 3]
        [--backend functional]
        python bench/train_speed.py --backends functional functional-torch-cpu [functional-torch-cuda]
        [--models fc_mnist wide] [--steps 3] [--torch-threads 1]
+       python bench/train_speed.py --gpt [--steps 5] [--rounds 3] [--warmup 2]
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from wse.config import UsageError
 from wse.host.appliance import ReferenceTrainer, TrainConfig, prepare
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fc_mnist.py"
+GPT_EXAMPLE = EXAMPLE.with_name("char_gpt.py")
 TARGET_RATIO = 10.0
 TARGET_UTILIZATION = 0.85
 
@@ -110,6 +120,64 @@ def compare_backends(args) -> int:
     return 0
 
 
+def compare_gpt(args) -> int:
+    """Time the GPT's appliance step against PyTorch's (see the module notes); print JSON lines."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from wse.host.appliance.gpt import prepare_gpt
+    from wse.host.appliance.gpt_loop import GptSystems
+    from wse.host.appliance.job import load_job
+
+    with tempfile.TemporaryDirectory() as scratch:
+        config = TrainConfig(str(GPT_EXAMPLE), out=Path(scratch) / "run", mesh=args.mesh)
+        run = prepare_gpt(config, load_job(config.example))
+    systems, memoryx = GptSystems(run), run.memoryx
+    model = run.job.model(run.corpus.vocab_size, run.job.context, run.settings.seed)
+    hyper = run.settings.optimizer_config.hyper
+    optimizer = torch.optim.Adam(model.parameters(), lr=hyper.get("lr", 1e-3))
+
+    def ours(x, y):
+        loss, grads = systems.step(x, y, {name: memoryx.weight(name) for name in memoryx.names()})
+        memoryx.apply_gradients(grads)
+        return loss
+
+    def theirs(x, y):
+        optimizer.zero_grad()
+        logits = model(torch.from_numpy(x))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).reshape(-1))
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    batches = [run.batches.next_batch() for _ in range(args.warmup + args.steps * args.rounds)]
+    times: dict[str, list[float]] = {"functional": [], "pytorch-1-thread": []}
+    losses: dict[str, list[float]] = {"functional": [], "pytorch-1-thread": []}
+    torch.set_num_threads(1)
+    for x, y in batches[:args.warmup]:
+        losses["functional"].append(ours(x, y))
+        losses["pytorch-1-thread"].append(theirs(x, y))
+    for r in range(args.rounds):
+        for side, step in (("functional", ours), ("pytorch-1-thread", theirs)):
+            for x, y in batches[args.warmup + r * args.steps:args.warmup + (r + 1) * args.steps]:
+                start = time.process_time()
+                losses[side].append(step(x, y))
+                times[side].append(time.process_time() - start)
+    median = {side: statistics.median(values) for side, values in times.items()}
+    ratio = median["functional"] / median["pytorch-1-thread"]
+    worst = max(abs(a - b) / b for a, b in zip(losses["functional"], losses["pytorch-1-thread"]))
+    common = {"bench": "train_speed", "model": run.graph.name, "mesh": run.settings.mesh, "batch": run.settings.batch,
+              "context": run.job.context, "dataset": run.settings.dataset, "steps": args.steps * args.rounds}
+    for side, what in (("functional", "GPT step: functional model + MemoryX Adam step, 1 thread"),
+                       ("pytorch-1-thread", "forward + backward + torch.optim.Adam step, 1 thread")):
+        print(json.dumps({**common, "side": side, "cpu_step_s": round(median[side], 6), "what": what}))
+    print(json.dumps({**common, "summary": True, "ratio": round(ratio, 2), "target_ratio": TARGET_RATIO,
+                      "ratio_ok": ratio <= TARGET_RATIO, "max_rel_loss_diff": float(np.float64(worst)),
+                      "what": "CPU seconds per step (process time, robust to other load); the GPT has no "
+                              "fabric cycles yet"}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", default=str(EXAMPLE), help="job file (default examples/fc_mnist.py)")
@@ -124,12 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
                         help="models of --backends (default: all)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch threads with --backends (default 1)")
+    parser.add_argument("--gpt", action="store_true", help="time examples/char_gpt.py's step against PyTorch's")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         print("train_speed: --steps and --rounds must be positive and --warmup non-negative", file=sys.stderr)
         return 2
     if args.backends:
         return compare_backends(args)
+    if args.gpt:
+        return compare_gpt(args)
     with tempfile.TemporaryDirectory() as scratch:
         try:
             # prepare() compiles and loads everything but writes nothing; the folder is never created.

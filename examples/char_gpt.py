@@ -6,12 +6,14 @@ a linear head over the characters; trained with next-token softmax
 cross-entropy on the ``pydoc`` corpus (Python's help topics, which ship with
 Python: ``wse.host.data.load_text_corpus``, ``docs/transformer.md`` section 6).
 
-The compiler's front end captures this model into typed nodes
-(``wse.host.compiler.transformer_capture.capture``) and
-``wse.host.runtime.transformer_reference.TransformerReference`` trains the
-captured graph in the fabric's arithmetic on the host; the mapping onto the
-fabric and ``wse train`` for it are not built yet, so ``compile_model`` stops
-with one clear error saying so. ``ATTENTION = "sdpa"`` uses
+Train it with ``wse train examples/char_gpt.py`` (``docs/transformer.md``
+section 10): the front end captures the model into typed nodes
+(``wse.host.compiler.transformer_capture.capture``), MemoryX keeps the weights
+and the Adam state, and the functional model of the transformer's float order
+(``wse.host.runtime.transformer_reference.TransformerReference``) runs each
+step; ``wse generate RUN --prompt "..."`` samples text from the run's
+checkpoint. The mapping onto the fabric is not built yet, so the cycle-level
+backends are refused with one clear error. ``ATTENTION = "sdpa"`` uses
 ``F.scaled_dot_product_attention(is_causal=True)`` instead of the written-out
 scores, causal mask and softmax (the same bits in the functional model).
 """

@@ -1,7 +1,7 @@
 """Train examples/char_gpt.py in the fabric's arithmetic on the host, then sample text.
 
-Until the transformer's fabric mapping exists (``docs/transformer.md``
-section 8), this is how the character-level GPT trains: the front end
+The same training as ``wse train examples/char_gpt.py`` (``docs/transformer.md``
+section 10) written out in one page, without the appliance: the front end
 captures the model, the functional model
 (``wse.host.runtime.transformer_reference.TransformerReference``: every operation in the fabric's
 binary32 order) computes each step's loss and gradients, and MemoryX holds

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("wse.host.appliance.cli", "main", "train a PyTorch model on the fabric"),
     "report": ("wse.host.appliance.runreport", "main", "the one-page report of a training run: wse report RUN"),
     "trace": ("wse.host.appliance.phasetrace", "main", "record one phase of a training step on the golden model"),
+    "generate": ("wse.host.appliance.gpt_generate", "main", "sample text from a GPT run: wse generate RUN --prompt TEXT"),
 }
 
 

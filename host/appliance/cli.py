@@ -34,6 +34,8 @@ _EPILOG = """\
 The job file defines model(in_features, classes) -> torch.nn.Module and, optionally,
 DATASET ("mnist" or "digits"), OPTIMIZER (e.g. {"name": "sgd", "lr": 0.05, "momentum": 0.9}),
 BATCH and EPOCHS as defaults for the options above. See examples/fc_mnist.py.
+A job with DATASET = "pydoc" (text) is a language model: model(vocab, context) over token ids
+and CONTEXT, trained on the functional backend; see examples/char_gpt.py and wse generate.
 
 The run folder receives summary.json, train.log, fabric.txt (layout and schedule), executable.npz
 (the compiled model), tensorboard/ and checkpoints/; run.lock keeps a second run out while one writes it.

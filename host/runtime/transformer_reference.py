@@ -33,9 +33,11 @@ from wse.host.compiler.transformer_ir import (GELU, Add, CausalAttention, Causal
                                               MatMul, Positions, Rearrange, Scale, SequenceCrossEntropy, Softmax,
                                               TNode, TokenLinear, Tokens, TransformerGraph)
 
-from .loss import mean_cross_entropy
+from . import transformer_elementwise as te
+from . import transformer_kernels as tk
+from .loss import cross_entropy
 
-__all__ = ["TransformerReference", "ReferenceStep"]
+__all__ = ["TransformerReference", "ReferenceStep", "ShardStep"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,45 @@ class ReferenceStep:
     loss: float
     logits: np.ndarray
     grads: dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStep:
+    """One system's share of a training step (:meth:`TransformerReference.shard`).
+
+    Members
+    -------
+    losses:
+        float64 ``[n]``: each token's next-token cross-entropy (host rule).
+    logits:
+        float32 ``[b, T, vocab]``.
+    partials:
+        For every parameter but the embedding tables: float32 ``[k, *shape]``,
+        the gradient's partial sum over each of the shard's ``k`` token blocks
+        in order, before the chain that joins the blocks.
+    rows:
+        For every embedding table: ``(dx [n, dim] float32, indices [n], rows)``,
+        each token's gradient and the row it looked up, in token order.
+    """
+
+    losses: np.ndarray
+    logits: np.ndarray
+    partials: dict[str, np.ndarray]
+    rows: dict[str, tuple[np.ndarray, np.ndarray, int]]
+
+
+class _Partials:
+    """Where the backward pass leaves a shard's parameter gradients (see :class:`ShardStep`)."""
+
+    def __init__(self, blocks: Sequence[int]):
+        self.blocks = list(blocks)
+        self.sums: dict[str, np.ndarray] = {}
+        self.rows: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+
+    def token_sums(self, name: str, terms: np.ndarray) -> None:
+        """Each block's ``+0 + terms[t0] + terms[t0+1] + ...`` of ``terms [n, ...]``."""
+        starts, counts = tk.block_bounds(terms.shape[0], self.blocks)
+        self.sums[name] = ops.floats(np.stack([ops.accumulate(terms[s:s + c], 0) for s, c in zip(starts, counts)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,15 +188,15 @@ class TransformerReference:
             elif isinstance(node, Add):
                 values[node.name] = ops.residual(x, values[node.inputs[1]])
             elif isinstance(node, LayerNorm):
-                y, saved[node.name] = ops.layernorm(x.reshape(-1, node.features), w[node.weight_name],
+                y, saved[node.name] = te.layernorm(x.reshape(-1, node.features), w[node.weight_name],
                                                     w[node.bias_name], node.eps, self.rows)
                 values[node.name] = y.reshape(x.shape)
             elif isinstance(node, TokenLinear):
-                y = ops.linear(x.reshape(-1, node.in_features), w[node.weight_name],
+                y = tk.linear(x.reshape(-1, node.in_features), w[node.weight_name],
                                w[node.bias_name] if node.bias else None, self.rows)
                 values[node.name] = y.reshape(x.shape[:-1] + (node.out_features,))
             elif isinstance(node, GELU):
-                values[node.name] = ops.gelu(x, node.approximate)
+                values[node.name] = te.gelu(x, node.approximate)
             elif isinstance(node, Rearrange):
                 values[node.name] = self._rearrange(node, x, batch)
             elif isinstance(node, (CausalAttention, MatMul)) and (isinstance(node, CausalAttention)
@@ -187,7 +228,7 @@ class TransformerReference:
         q, k, v, scale = self._qkv(node, values)
         lead, (t, dh) = q.shape[:-2], q.shape[-2:]
         flat = [np.ascontiguousarray(a).reshape(-1, t, dh) for a in (q, k, v)]
-        out, saved = ops.attention(*flat, scale)
+        out, saved = tk.attention(*flat, scale)
         return out.reshape(lead + (t, dh)), saved
 
     def logits(self, params: Mapping[str, np.ndarray], tokens) -> np.ndarray:
@@ -199,7 +240,20 @@ class TransformerReference:
     def step(self, params: Mapping[str, np.ndarray], tokens, targets) -> ReferenceStep:
         """Forward, loss and backward of one batch of token ids ``[B, T]`` with
         next-token ``targets`` ``[B, T]``; ``params`` maps every ``state_dict``
-        key of the graph to its float32 value."""
+        key of the graph to its float32 value.
+
+        It is :meth:`shard` of the whole batch (with the model's ``blocks``)
+        joined by :meth:`combine`."""
+        shard = self.shard(params, tokens, targets, blocks=self.blocks)
+        return ReferenceStep(float(np.mean(shard.losses)), shard.logits, self.combine([shard]))
+
+    def shard(self, params: Mapping[str, np.ndarray], tokens, targets, *, count: int | None = None,
+              blocks: Sequence[int] | None = None) -> ShardStep:
+        """One system's share of a step: the sequences ``tokens`` ``[b, T]`` of a
+        batch of ``count`` tokens in all (default: these ``b*T``), its token
+        ``blocks`` (default one block). The loss delta is scaled by ``1/count``, so
+        :meth:`combine` of the shards of a batch, in order, gives the whole
+        batch's gradients bit for bit."""
         tokens, targets = np.asarray(tokens), np.asarray(targets)
         missing = sorted(set(self.graph.parameters()) - set(params))
         if missing:
@@ -207,43 +261,62 @@ class TransformerReference:
         values, saved = self._forward(params, tokens)
         logits = values[self.graph.output]
         vocab = logits.shape[-1]
-        loss = mean_cross_entropy(ops.floats(logits.reshape(-1, vocab)), targets.reshape(-1))
-        grads: dict[str, np.ndarray] = {}
-        pending = {self.graph.output: ops.sequence_cross_entropy_delta(logits.reshape(-1, vocab),
-                                                                        targets.reshape(-1)).reshape(logits.shape)}
+        flat = logits.reshape(-1, vocab)
+        losses = cross_entropy(ops.floats(flat), targets.reshape(-1))
+        blocks = list(blocks) if blocks is not None else [flat.shape[0]]
+        tk.block_bounds(flat.shape[0], blocks)          # checks them
+        grads = _Partials(blocks)
+        pending = {self.graph.output: te.sequence_cross_entropy_delta(flat, targets.reshape(-1),
+                                                                       count).reshape(logits.shape)}
         w = {k: ops.bits(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
         for node in reversed(self.graph.nodes):
             g = pending.pop(node.name, None)
             if g is not None:
                 for name, contribution in self._backward(node, g, values, saved, w, grads):
                     pending[name] = contribution if name not in pending else fp.vadd(pending[name], contribution)
-        return ReferenceStep(loss, ops.floats(logits), {k: ops.floats(v) for k, v in grads.items()})
+        return ShardStep(losses, ops.floats(logits), grads.sums, grads.rows)
+
+    @staticmethod
+    def combine(shards: Sequence[ShardStep]) -> dict[str, np.ndarray]:
+        """The gradients of a batch from its shards in order: each parameter's block
+        partial sums chained (``+0 + G_0 + G_1 + ...``), each embedding table's rows
+        summed over every token's ``dx`` in token order."""
+        grads: dict[str, np.ndarray] = {}
+        for name in shards[0].partials:
+            grads[name] = ops.floats(tk.fold(ops.bits(np.concatenate([s.partials[name] for s in shards]))))
+        for name, (_, _, rows) in shards[0].rows.items():
+            dx = np.concatenate([s.rows[name][0] for s in shards])
+            index = np.concatenate([s.rows[name][1] for s in shards])
+            grads[name] = ops.floats(tk.embedding_rows_grad(ops.bits(dx), index, rows))
+        return grads
 
     def _backward(self, node: TNode, g: np.ndarray, values: Mapping[str, np.ndarray], saved: Mapping[str, dict],
-                  w: Mapping[str, np.ndarray], grads: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+                  w: Mapping[str, np.ndarray], grads: "_Partials") -> list[tuple[str, np.ndarray]]:
         """Gradients of ``node``'s inputs (``(name, gradient)`` in input order); parameter gradients into ``grads``."""
         x = values.get(node.inputs[0]) if node.inputs else None
         if isinstance(node, Add):
             return [(node.inputs[0], g), (node.inputs[1], g)]
         if isinstance(node, Embedding):
             index = np.broadcast_to(x, g.shape[:-1])
-            grads[node.weight_name] = ops.embedding_rows_grad(g.reshape(-1, node.dim), index, node.num_embeddings)
+            grads.rows[node.weight_name] = (ops.floats(g.reshape(-1, node.dim)), np.ascontiguousarray(index).reshape(-1),
+                                            node.num_embeddings)
             return []
         if isinstance(node, LayerNorm):
-            dx, dgamma, dbeta = ops.layernorm_backward(g.reshape(-1, node.features), w[node.weight_name],
-                                                       saved[node.name], self.rows, self.blocks)
-            grads[node.weight_name], grads[node.bias_name] = dgamma, dbeta
+            dy = g.reshape(-1, node.features)
+            dx = te.layernorm_input_grad(dy, w[node.weight_name], saved[node.name], self.rows)
+            grads.token_sums(node.weight_name, fp.vmul(dy, saved[node.name]["xhat"]))
+            grads.token_sums(node.bias_name, dy)
             return [(node.inputs[0], dx.reshape(g.shape))]
         if isinstance(node, TokenLinear):
             dy = g.reshape(-1, node.out_features)
-            dw, db = ops.linear_weight_grad(x.reshape(-1, node.in_features), dy, self.blocks)
-            grads[node.weight_name] = dw
+            dw, db = tk.linear_weight_partials(x.reshape(-1, node.in_features), dy, grads.blocks)
+            grads.sums[node.weight_name] = ops.floats(dw)
             if node.bias:
-                grads[node.bias_name] = db
-            dx = ops.linear_input_grad(dy, w[node.weight_name], self.rows)
+                grads.sums[node.bias_name] = ops.floats(db)
+            dx = tk.linear_input_grad(dy, w[node.weight_name], self.rows)
             return [(node.inputs[0], dx.reshape(x.shape))]
         if isinstance(node, GELU):
-            return [(node.inputs[0], ops.gelu_backward(g, x, node.approximate))]
+            return [(node.inputs[0], te.gelu_backward(g, x, node.approximate))]
         if isinstance(node, Rearrange):
             if node.op == "transpose":
                 return [(node.inputs[0], np.ascontiguousarray(np.swapaxes(g, *node.dims)))]
@@ -257,7 +330,7 @@ class TransformerReference:
         q, k, v, scale = self._qkv(node, values)
         lead, (t, dh) = q.shape[:-2], q.shape[-2:]
         flat = [np.ascontiguousarray(a).reshape(-1, t, dh) for a in (g, q, k, v)]
-        dq, dk, dv = (d.reshape(lead + (t, dh)) for d in ops.attention_backward(*flat, saved[node.name], scale))
+        dq, dk, dv = (d.reshape(lead + (t, dh)) for d in tk.attention_backward(*flat, saved[node.name], scale))
         if isinstance(node, CausalAttention):
             return list(zip(node.inputs, (dq, dk, dv)))
         group = self._attention[node.name]

@@ -1,0 +1,239 @@
+"""A GPT run's first stage: read and check everything, write nothing (:func:`prepare_gpt`).
+
+A job whose ``DATASET`` is a text corpus (:data:`~wse.host.appliance.job.TEXT_DATASETS`,
+e.g. ``examples/char_gpt.py``) is a language model. The appliance builds it
+with ``model(vocab, CONTEXT)`` (``torch`` seeded with the run's seed),
+captures it with the transformer front end
+(:func:`~wse.host.compiler.transformer_capture.capture`), and trains the
+captured graph with the functional model of its float order
+(:class:`~wse.host.runtime.transformer_reference.TransformerReference`,
+``docs/transformer.md`` sections 3 and 7) while MemoryX keeps the weights
+and the optimizer state, as for the MLP. The cycle-level backends are
+refused: the transformer's phases are not compiled for the fabric yet.
+
+The layout fixes the float order of the sums that depend on placement
+(:class:`GptLayout`): feature ``k`` on mesh row ``k mod H`` (the streamed
+GEMM's partial sums and LayerNorm's feature sums over ``H`` rows) and the
+batch's sequences dealt over the mesh's columns in contiguous runs (the
+weight gradients' token blocks, one partial sum per column, chained along
+the row). ``--systems N`` deals the columns to the systems
+(:func:`~wse.host.swarmx.column_shards`), so N systems chain the same
+partial sums in the same order and give one system's bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wse.config import UsageError
+from wse.host.data import Batches, load_text_corpus
+from wse.host.memoryx import MemoryX
+
+from .checkpoint import latest_checkpoint, load_checkpoint
+from .folder import RunLock, choose_run_folder, start_run_folder
+from .job import TEXT_DATASETS, Job
+from .options import Settings, TrainConfig, resolve_settings
+
+__all__ = ["GptLayout", "GptPlan", "GptRun", "prepare_gpt", "gpt_model", "PROBE_SEQUENCES", "GPT_BACKENDS"]
+
+#: Validation sequences (a fixed random choice) scored at every report between epochs.
+PROBE_SEQUENCES = 128
+#: Backends a GPT trains on.
+GPT_BACKENDS = ("functional",)
+
+
+@dataclasses.dataclass(frozen=True)
+class GptLayout:
+    """Where a batch of a GPT run lives, as far as it fixes the order of float operations.
+
+    Members
+    -------
+    rows : int
+        ``H``: feature ``k`` on row ``k mod H`` (GEMM partial sums, LayerNorm feature sums).
+    columns : list of int
+        Sequences of the batch held by each column, in column order (contiguous runs).
+    context : int
+        Positions per sequence.
+    """
+
+    rows: int
+    columns: list[int]
+    context: int
+
+    @classmethod
+    def of(cls, settings: Settings, context: int) -> "GptLayout":
+        """The layout of a run's batch on its mesh: ``min(W, batch)`` columns, the first
+        ``batch mod columns`` with one sequence more."""
+        width, height = settings.mesh_shape
+        count = min(width, settings.batch)
+        base, extra = divmod(settings.batch, count)
+        return cls(height, [base + (1 if c < extra else 0) for c in range(count)], context)
+
+    def blocks(self, columns: range | None = None) -> list[int]:
+        """Token blocks (tokens per column) of ``columns`` (default all)."""
+        chosen = range(len(self.columns)) if columns is None else columns
+        return [self.columns[c] * self.context for c in chosen]
+
+    def sequences(self, columns: range) -> slice:
+        """The batch's sequences that ``columns`` (contiguous) hold."""
+        start = sum(self.columns[:columns.start])
+        return slice(start, start + sum(self.columns[c] for c in columns))
+
+    def describe(self) -> str:
+        """One line for people."""
+        return (f"layout: feature k on mesh row k mod {self.rows}; {len(self.columns)} columns of "
+                f"{'/'.join(str(c) for c in sorted(set(self.columns), reverse=True))} sequence(s) x "
+                f"{self.context} tokens (one weight-gradient partial sum per column, chained along the row)")
+
+
+@dataclasses.dataclass(frozen=True)
+class GptPlan:
+    """What ``fabric.txt`` of a GPT run says: the captured graph and the layout."""
+
+    graph: Any
+    layout: GptLayout
+
+    def summary(self) -> str:
+        """The run's plan as text."""
+        return "\n".join([
+            "mode: weight streaming, functional model of the transformer's float order (docs/transformer.md "
+            "sections 3, 7, 10); the attention, LayerNorm and GELU phases are not compiled for the fabric yet",
+            self.layout.describe(), self.graph.summary()])
+
+
+@dataclasses.dataclass
+class GptRun:
+    """A checked GPT run, ready to start; nothing has been written yet (see :func:`prepare_gpt`)."""
+
+    config: TrainConfig
+    settings: Settings
+    job: Job
+    out: Path
+    replace_out: bool
+    corpus: Any
+    train_data: tuple[np.ndarray, np.ndarray]
+    validation: tuple[np.ndarray, np.ndarray]
+    probe: tuple[np.ndarray, np.ndarray]
+    graph: Any
+    layout: GptLayout
+    reference: Any
+    memoryx: MemoryX
+    batches: Batches
+    trainer: dict | None
+    resumed: Path | None = None
+    lock: RunLock | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.batches)
+
+    @property
+    def total_steps(self) -> int:
+        total = self.settings.epochs * self.steps_per_epoch
+        return min(total, self.settings.max_steps) if self.settings.max_steps is not None else total
+
+    def start_folder(self) -> None:
+        """Create and lock the run folder and write ``fabric.txt``; released by :meth:`release_folder`."""
+        self.lock = start_run_folder(self.out, GptPlan(self.graph, self.layout), replace=self.replace_out,
+                                     resumed=self.resumed)
+
+    def release_folder(self) -> None:
+        """Unlock the run folder."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def _refuse_options(config: TrainConfig, settings: Settings, job: Job) -> None:
+    """One clear error for an option a GPT run does not take."""
+    name = job.path.name
+    if settings.backend not in GPT_BACKENDS:
+        raise UsageError(f"--backend {settings.backend}: {name} is a transformer (GPT), and its attention, "
+                         "LayerNorm and GELU phases are not yet compiled for the cycle-level backends "
+                         "(docs/transformer.md section 8); train it with --backend functional (the functional "
+                         "model of its float order)")
+    refused = {"--mode pipelined": settings.mode == "pipelined", "--sparsity": settings.sparsity is not None,
+               "--defects": settings.defects is not None, "--mnist-dir": settings.mnist_dir is not None,
+               "--memoryx-budget": config.memoryx_budget is not None, "--trace": config.trace is not None}
+    for option, given in refused.items():
+        if given:
+            raise UsageError(f"{option} does not apply to {name}: a transformer (GPT) trains in weight streaming "
+                             "on the functional model, with dense weights held in RAM by MemoryX")
+
+
+def gpt_model(job: Job, corpus: Any, seed: int) -> tuple[Any, Any, Any]:
+    """``(model, graph, example ids)``: the job's model for the corpus, built with ``torch`` seeded by
+    ``seed``, and its captured graph (:class:`UsageError` listing what the front end cannot map)."""
+    import torch
+
+    from wse.host.compiler.transformer_capture import capture
+
+    x, _ = corpus.sequences("train", job.context)
+    model = job.model(corpus.vocab_size, job.context, seed)
+    example = torch.from_numpy(x[:2].copy())
+    return model, capture(model, example), example
+
+
+def _check_systems(settings: Settings, layout: GptLayout) -> None:
+    if settings.systems > len(layout.columns):
+        raise UsageError(f"--systems {settings.systems} exceeds the {len(layout.columns)} columns that hold a batch "
+                         f"of {settings.batch} sequences on the {settings.mesh} mesh (each system takes whole "
+                         f"columns); use at most {len(layout.columns)} systems or a larger --batch")
+
+
+def prepare_gpt(config: TrainConfig, job: Job) -> GptRun:
+    """Check and load everything a GPT run needs, without writing anything.
+
+    Raises
+    ------
+    UsageError
+        For an option a GPT run does not take (a cycle-level backend among
+        them), a bad checkpoint, a model the transformer front end cannot map
+        (every problem listed) or a batch larger than the training split.
+    """
+    from wse.host.runtime.transformer_reference import TransformerReference
+
+    if job.is_text and config.dataset is not None and config.dataset not in TEXT_DATASETS:
+        raise UsageError(f"--dataset {config.dataset}: {job.path.name} is a language model on the text data set "
+                         f"{job.dataset} (its DATASET); it trains on {', '.join(TEXT_DATASETS)} only")
+    out, replace_out = choose_run_folder(config, job)
+    trainer, saved_memoryx, saved, folder = None, None, None, None
+    if config.resume:
+        folder = latest_checkpoint(out) if out.is_dir() else None
+        if folder is None:
+            raise UsageError(f"--resume: run folder {str(out)!r} has no checkpoint to resume from; "
+                             "start the run again with --overwrite")
+        trainer, saved_memoryx = load_checkpoint(folder)
+        saved = Settings.from_dict(trainer.get("settings"))
+    settings = resolve_settings(config, job, saved)
+    _refuse_options(config, settings, job)
+    settings = dataclasses.replace(settings, mode="weight-streaming")
+    corpus = load_text_corpus(settings.dataset)
+    x, y = corpus.sequences("train", job.context)
+    vx, vy = corpus.sequences("validation", job.context)
+    if settings.batch > len(x):
+        raise UsageError(f"--batch {settings.batch} exceeds the {len(x)} training sequences of {settings.dataset}")
+    layout = GptLayout.of(settings, job.context)
+    _check_systems(settings, layout)
+    model, graph, _ = gpt_model(job, corpus, settings.seed)
+    reference = TransformerReference(graph, rows=layout.rows, blocks=layout.blocks())
+    params = graph.parameters()
+    if saved_memoryx is None:
+        state = model.state_dict()
+        memoryx = MemoryX.from_state_dict({name: state[name].detach().numpy().copy() for name in params},
+                                          settings.optimizer_config, order=list(params))
+        batches = Batches(x, y, settings.batch, seed=settings.seed, drop_last=True)
+    else:
+        held = {name: saved_memoryx.shape(name) for name in saved_memoryx.names()}
+        if held != {name: tuple(shape) for name, shape in params.items()}:
+            raise UsageError(f"the checkpoint in {str(out)!r} holds tensors {held}, but the model of "
+                             f"{job.path.name} has {params}; the job file changed since the run started")
+        memoryx = saved_memoryx
+        batches = Batches.from_state(x, y, trainer["batches"])
+    pick = np.random.default_rng(1).permutation(len(vx))[:PROBE_SEQUENCES]
+    return GptRun(config, settings, job, out, replace_out, corpus, (x, y), (vx, vy), (vx[pick], vy[pick]), graph,
+                  layout, reference, memoryx, batches, trainer, folder)
