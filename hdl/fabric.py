@@ -9,6 +9,7 @@ from amaranth.lib.wiring import In, Out
 
 from wse.config import COLOR_BITS, FabricConfig, Port
 
+from .link_ecc import link_encoder
 from .tile import MESH_PORTS, Tile
 from .wavelet import host_bus_signature, link_signature
 
@@ -80,7 +81,11 @@ class Fabric(wiring.Component):
             self._MustUse__silence = True  # a rejected design is not an unused one
             raise TypeError(f"config must be a FabricConfig, not {config!r}")
         self._config = config
-        self.tiles = [[Tile(config, pe=pe) for _ in range(config.width)] for _ in range(config.height)]
+        def inner(x, y):      # the ports toward a neighbour: their links carry check bits (wse.hdl.link_ecc)
+            return tuple(p for p in MESH_PORTS
+                         if 0 <= x + p.delta[0] < config.width and 0 <= y + p.delta[1] < config.height)
+        self.tiles = [[Tile(config, pe=pe, link_ecc=inner(x, y)) for x in range(config.width)]
+                      for y in range(config.height)]
         link = link_signature(config)
         members = {
             "host": In(host_bus_signature(config)),
@@ -128,18 +133,33 @@ class Fabric(wiring.Component):
                     nx, ny = x + dx, y + dy
                     if 0 <= nx < W and 0 <= ny < H:
                         wiring.connect(m, tile.tx[port], self.tiles[ny][nx].rx[port.opposite])
+                        if tile.link_ecc:
+                            m.d.comb += self.tiles[ny][nx].rx_check[port.opposite].eq(tile.tx_check[port])
                     else:
                         index = x if port in (Port.N, Port.S) else y
                         wiring.connect(m, tile.tx[port], wiring.flipped(self.edge_out(port.name)[index]))
                         wiring.connect(m, wiring.flipped(self.edge_in(port.name)[index]), tile.rx[port])
+                        if tile.link_ecc and port in tile.link_ecc.ports:
+                            # A tile that codes its edge ports too (the co-simulation's shared tile
+                            # module): the host side of the edge link sends valid check bits.
+                            payload = self.edge_in(port.name)[index].payload.as_value()
+                            m.d.comb += tile.rx_check[port].eq(link_encoder(payload))
 
-        # Run control: the cycle counter and the arbitration start color.
+        # Run control: the cycle counter and the arbitration start color; the run
+        # clock (every run cycle, for flips armed at a cycle); an uncorrectable wavelet stops the run.
         first_color = Signal(COLOR_BITS)
-        m.d.comb += self.idle.eq(Cat(*(tile.idle for tile in tiles)).all())
+        clock = Signal(32)
+        coded = [tile for tile in tiles if tile.link_ecc]
+        link_fault = Signal()
+        m.d.comb += [self.idle.eq(Cat(*(tile.idle for tile in tiles)).all()),
+                     link_fault.eq(Cat(*(tile.link_fault for tile in coded)).any() if coded else 0)]
+        for tile in tiles:
+            m.d.comb += tile.clock.eq(clock)
         with m.If(self.start):
-            m.d.sync += [self.running.eq(1), self.cycle.eq(0), self.hops.eq(0), first_color.eq(0)]
+            m.d.sync += [self.running.eq(1), self.cycle.eq(0), self.hops.eq(0), first_color.eq(0), clock.eq(0)]
         with m.Elif(self.running):
-            with m.If(self.idle & ~self.edge_pending):
+            m.d.sync += clock.eq(clock + 1)
+            with m.If((self.idle & ~self.edge_pending) | link_fault):
                 m.d.sync += self.running.eq(0)
             with m.Else():
                 m.d.sync += [

@@ -235,6 +235,8 @@ class PE(wiring.Component):
         in the cycle the run starts, so that all start together
         (``docs/architecture.md`` section 5: a launch takes effect at the start
         of the next run). Tied high, the PE starts a task as soon as one is ready.
+    clock : ``In(32)``
+        The run cycle (from the mesh), for memory flips armed at a cycle (:mod:`.pe_ecc`).
 
     Attributes
     ----------
@@ -257,7 +259,7 @@ class PE(wiring.Component):
             "tx": Out(link_signature(config)),
             "host": In(host_bus_signature(config, select_tile=False)),
             "idle": Out(1),
-            "enable": In(1, init=1),
+            "enable": In(1, init=1), "clock": In(32),
         })
         self.regs = [Signal(32, name=f"r{i}") for i in range(config.registers)]
         self.dsd = [Signal(Dsd, name=f"d{i}") for i in range(config.dsd_registers)]

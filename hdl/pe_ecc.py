@@ -28,7 +28,13 @@ a 39-bit code word (bits 0..31 the data, 32..37 the six Hamming check bits,
   bits and a write of ``addr | check_mask << 16`` to ``flip`` flips those
   bits of the stored code word at ``addr`` (read in that cycle, written in
   the PE's next clock cycle through scrub port 0, unless a write of the word
-  in that cycle replaces it): fault injection.
+  in that cycle replaces it): fault injection. A write of ``flip_at`` (a run
+  cycle) first makes the next ``flip`` write arm the flip instead (its masks
+  and address kept): it happens in the first cycle of a run, at or after
+  that cycle (the PE's ``clock`` input), in which the PE is enabled and runs
+  no task (a flip that falls during a task waits for its end, so it never
+  lands inside an instruction, ``docs/architecture.md`` section 4.7); one
+  armed flip per PE, arming again replaces it.
 
 The fault-free PE takes exactly the cycles it took without ECC: the decoders
 are combinational on the read data, and scrubs use their own write ports.
@@ -51,7 +57,7 @@ CODE_BITS = 39
 POSITIONS = [p for p in range(1, 39) if p & (p - 1)]
 #: ``CTRL`` addresses of the ECC registers (after the performance counters).
 ECC_ADDRS = {name: len(COUNTER_NAMES) + 1 + i for i, name in enumerate(
-    ("corrected", "detected", "where", "stored", "syndrome", "flip_data", "flip"))}
+    ("corrected", "detected", "where", "stored", "syndrome", "flip_data", "flip", "flip_at"))}
 
 
 #: MASKS[j]: the data bits that Hamming check bit j covers.
@@ -178,7 +184,16 @@ def ecc_logic(m, pe, ports: EccPorts, used: list, select) -> dict:
     flip_pending = Signal()
     flip_addr = Signal(addr_bits)
     flip_check = Signal(CODE_BITS - DATA_BITS)
+    flip_mask = Signal(DATA_BITS)       # the data mask of the flip in progress
     m.d.sync += flip_pending.eq(0)
+    # A flip armed at a run cycle: lands in the first enabled cycle at or after it with no task running.
+    timed, armed = Signal(), Signal()
+    armed_at, armed_data = Signal(32), Signal(DATA_BITS)
+    armed_addr, armed_check = Signal(addr_bits), Signal(CODE_BITS - DATA_BITS)
+    with m.If(armed & pe.enable & ~pe.running & (pe.clock >= armed_at)):
+        m.d.comb += ports.read[0].addr.eq(armed_addr)
+        m.d.sync += [armed.eq(0), flip_pending.eq(1), flip_addr.eq(armed_addr), flip_check.eq(armed_check),
+                     flip_mask.eq(armed_data)]
     with m.If(write):
         with m.Switch(host.addr):
             with m.Case(ECC_ADDRS["corrected"]):
@@ -187,13 +202,20 @@ def ecc_logic(m, pe, ports: EccPorts, used: list, select) -> dict:
                 m.d.sync += [count["detected"].eq(host.wdata), stopped.eq(0)]
             with m.Case(ECC_ADDRS["flip_data"]):
                 m.d.sync += flip_data.eq(host.wdata)
+            with m.Case(ECC_ADDRS["flip_at"]):
+                m.d.sync += [armed_at.eq(host.wdata), timed.eq(1)]
             with m.Case(ECC_ADDRS["flip"]):
-                m.d.comb += ports.read[0].addr.eq(host.wdata[:addr_bits])
-                m.d.sync += [flip_pending.eq(1), flip_addr.eq(host.wdata[:addr_bits]),
-                             flip_check.eq(host.wdata[16:16 + CODE_BITS - DATA_BITS])]
+                with m.If(timed):
+                    m.d.sync += [timed.eq(0), armed.eq(1), armed_addr.eq(host.wdata[:addr_bits]),
+                                 armed_check.eq(host.wdata[16:16 + CODE_BITS - DATA_BITS]),
+                                 armed_data.eq(flip_data)]
+                with m.Else():
+                    m.d.comb += ports.read[0].addr.eq(host.wdata[:addr_bits])
+                    m.d.sync += [flip_pending.eq(1), flip_addr.eq(host.wdata[:addr_bits]),
+                                 flip_check.eq(host.wdata[16:16 + CODE_BITS - DATA_BITS]), flip_mask.eq(flip_data)]
     with m.If(flip_pending):      # the PE's next cycle (a host write of the word then wins)
         scrub = ports.scrub[0]
         m.d.comb += [scrub.addr.eq(flip_addr), scrub.en.eq(~(wr.en & (wr.addr == flip_addr))),
-                     scrub.data.eq(ports.read[0].data ^ Cat(flip_data, flip_check))]
+                     scrub.data.eq(ports.read[0].data ^ Cat(flip_mask, flip_check))]
     return {ECC_ADDRS["corrected"]: count["corrected"], ECC_ADDRS["detected"]: count["detected"],
             ECC_ADDRS["where"]: Cat(where[:31], stopped), ECC_ADDRS["stored"]: stored, ECC_ADDRS["syndrome"]: syndrome}

@@ -13,6 +13,7 @@ from amaranth.lib.wiring import In, Out
 
 from wse.config import COLOR_BITS, FabricConfig, Port
 
+from .link_ecc import CHECK_BITS, LinkCoders
 from .router import PORTS, ROUTE_BITS, Router
 from .wavelet import HostSpace, host_bus_signature, link_signature
 
@@ -65,6 +66,9 @@ class Tile(wiring.Component):
     pe : callable, optional
         ``pe(config)`` returns the PE component; default :class:`wse.hdl.pe.PE`.
         Its signature must contain the members of :func:`pe_signature`.
+    link_ecc : sequence of Port, optional
+        The mesh ports whose links carry check bits (the ones toward a
+        neighbour, :mod:`wse.hdl.link_ecc`); default none.
 
     Members
     -------
@@ -84,6 +88,14 @@ class Tile(wiring.Component):
         The PE is idle and every router FIFO is empty.
     sent : Out(range(6))
         Wavelets leaving the router this cycle.
+    tx_check : Out(7).array(4), rx_check : In(7).array(4)
+        With ``link_ecc``: the check bits beside ``tx`` and ``rx`` (zero on
+        the other ports).
+    clock : In(32)
+        The run cycle (every cycle of a run from 0), for flips armed at a
+        cycle: the PE's memory flips and, with ``link_ecc``, link flips and reports.
+    link_fault : Out(1)
+        With ``link_ecc``: an uncorrectable wavelet arrived (stops the run).
 
     Attributes
     ----------
@@ -97,7 +109,7 @@ class Tile(wiring.Component):
         or the PE lacks a member of :func:`pe_signature`.
     """
 
-    def __init__(self, config: FabricConfig, *, pe=None):
+    def __init__(self, config: FabricConfig, *, pe=None, link_ecc=()):
         if not isinstance(config, FabricConfig):
             self._MustUse__silence = True  # a rejected design is not an unused one
             raise TypeError(f"config must be a FabricConfig, not {config!r}")
@@ -120,8 +132,9 @@ class Tile(wiring.Component):
             raise TypeError(f"the PE's members {wrong} must match pe_signature(config), not "
                             f"{[members[name] if name in members else None for name in wrong]}")
         self.router = Router(config)
+        self.link_ecc = LinkCoders(Port(p) for p in link_ecc) if link_ecc else None
         link = link_signature(config)
-        super().__init__({
+        members = {
             "rx": In(link).array(len(MESH_PORTS)),
             "tx": Out(link).array(len(MESH_PORTS)),
             "host": In(host_bus_signature(config, select_tile=False)),
@@ -129,7 +142,13 @@ class Tile(wiring.Component):
             "first_color": In(COLOR_BITS),
             "idle": Out(1),
             "sent": Out(range(PORTS + 1)),
-        })
+            "clock": In(32),
+        }
+        if self.link_ecc:
+            members.update({"tx_check": Out(CHECK_BITS).array(len(MESH_PORTS)),
+                            "rx_check": In(CHECK_BITS).array(len(MESH_PORTS)),
+                            "link_fault": Out(1)})
+        super().__init__(members)
 
     @property
     def config(self) -> FabricConfig:
@@ -145,9 +164,11 @@ class Tile(wiring.Component):
         addressed = Signal()
         m.d.comb += addressed.eq(host.stb & host.sel)
 
+        coded = self.link_ecc.ports if self.link_ecc else ()
         for port in MESH_PORTS:
-            wiring.connect(m, wiring.flipped(self.rx[port]), router.rx[port])
-            wiring.connect(m, router.tx[port], wiring.flipped(self.tx[port]))
+            if port not in coded:
+                wiring.connect(m, wiring.flipped(self.rx[port]), router.rx[port])
+                wiring.connect(m, router.tx[port], wiring.flipped(self.tx[port]))
         wiring.connect(m, pe.tx, router.rx[Port.RAMP])
         wiring.connect(m, router.tx[Port.RAMP], pe.rx)
 
@@ -162,7 +183,7 @@ class Tile(wiring.Component):
         is_route = Signal()
         m.d.comb += [
             is_route.eq(host.space == HostSpace.ROUTE),
-            pe.host.stb.eq(host.stb & ~is_route),
+            pe.host.stb.eq(host.stb & ~is_route & (host.space != HostSpace.LINK)),
             pe.host.sel.eq(host.sel),
             pe.host.we.eq(host.we),
             pe.host.bcast.eq(host.bcast),
@@ -181,5 +202,11 @@ class Tile(wiring.Component):
                 route_read.eq(is_route),
                 route_rdata.eq(Mux(host.addr >> COLOR_BITS == 0, router.route.rdata, 0)),
             ]
-        m.d.comb += host.rdata.eq(Mux(route_read, route_rdata, pe.host.rdata))
+        if "clock" in pe.signature.members:      # a PE with memory flips armed at a cycle
+            m.d.comb += pe.clock.eq(self.clock)
+        pe_rdata = pe.host.rdata
+        if self.link_ecc:
+            link_read, link_rdata = self.link_ecc.elaborate(m, self, router, host, addressed)
+            pe_rdata = Mux(link_read, link_rdata, pe_rdata)
+        m.d.comb += host.rdata.eq(Mux(route_read, route_rdata, pe_rdata))
         return m

@@ -53,6 +53,7 @@ class HostSpace(enum.Enum, shape=3):
     TASK = 2     #: task table entry ``addr``: entry[15:0] | bound << 16 | blocked << 17 | valid << 18
     ROUTE = 3    #: route of color ``addr``: input[2:0] | outputs[7:3]
     CTRL = 4     #: ``addr`` 0: write = activate task ``wdata`` (launch); reads: see ``COUNTER_ADDRS``
+    LINK = 5     #: link ECC registers of the tile's ports (``wse.hdl.link_ecc.LINK_REGS``)
 
 
 #: Counter read addresses in the CTRL space (reads only), in this order from address 1

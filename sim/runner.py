@@ -18,11 +18,17 @@ Command line::
 ``--pictures`` its heatmaps (``docs/pictures.md``). ``--inject`` flips
 stored bits of PE memory words once the kernel's data is loaded, before its
 first run (``docs/faults.md``): ``sram:X,Y,ADDR,BIT[,BIT...]`` flips code-word
-bits (0..31 data, 32..38 check bits) of one word, ``random:N,SEED`` one random
+bits (0..31 data, 32..38 check bits) of one word (``sram@CYCLE:...`` arms
+the flip for the first cycle of the run at or after ``CYCLE`` in which the PE
+runs no task), ``random:N,SEED`` one random
 bit in each of ``N`` random non-zero words (the program and its data),
 ``dead:X,Y`` kills a PE and ``dead:X,Y,PORT`` the link leaving router
-``(X, Y)`` through ``PORT`` (golden model only); the report then has the
-memory ECC counters (``ecc``). ``--defects SPEC`` runs the kernel on the
+``(X, Y)`` through ``PORT`` (golden model only), and
+``link:X,Y,PORT,CYCLE,BIT[,BIT]`` arms a flip of one or two link code-word
+bits (0..37 the wavelet, 38..44 its check bits) in the first wavelet that
+crosses the link leaving router ``(X, Y)`` through ``PORT`` in run cycle
+``CYCLE`` or later; the report then has the memory ECC counters (``ecc``)
+and the link ECC counters (``link_ecc``, per link). ``--defects SPEC`` runs the kernel on the
 usable logical mesh that the dead parts of the ``--mesh`` leave
 (:mod:`wse.sim.defects`, ``docs/faults.md`` section 4): ``random:FRACTION,SEED``,
 ``X,Y[,PORT][;...]`` or a file of such lines; the summary names the defects
@@ -51,7 +57,7 @@ from wse.config import FabricConfig, UsageError, parse_mesh
 from wse.firmware.kernels import KERNELS, Kernel, get_kernel
 
 from .api import Device
-from .defects import defect_factory, parse_defects, plan_remap
+from .defects import DefectDevice, defect_factory, parse_defects, plan_remap
 from .devices import device_names, make_device
 
 __all__ = ["run_kernel", "run", "main", "GOLDEN_CHECK_PES"]
@@ -107,11 +113,21 @@ def run(kernel: Kernel, config: FabricConfig, seed: int = 0, backend: str = "gol
         "seconds": round(seconds, 3),
         **pictures,
         **({"ecc": {k: v.tolist() for k, v in fabric.ecc_counters().items()}} if inject else {}),
+        **({"link_ecc": _link_counts(fabric)} if inject and any(s[0] == "link" for s in inject) else {}),
     }
 
 
+def _link_counts(fabric) -> dict:
+    """The link ECC counters of a run: ``{"corrected" | "detected": {"X,Y,PORT": n}}`` for the links that count."""
+    out = {}
+    for name, grid in fabric.link_ecc_counters().items():
+        out[name] = {f"{x},{y},{'NESW'[p]}": int(grid[y, x, p]) for y, x, p in np.argwhere(np.asarray(grid) > 0)}
+    return out
+
+
 def parse_inject(spec: str) -> tuple:
-    """One ``--inject`` spec: ``("sram", x, y, addr, bits)`` or ``("random", n, seed)``."""
+    """One ``--inject`` spec: ``("sram", x, y, addr, bits)``, ``("random", n,
+    seed)``, ``("dead", x, y[, port])`` or ``("link", x, y, port, cycle, bits)``."""
     kind, _, rest = spec.partition(":")
     try:
         values = [int(v) for v in rest.split(",")]
@@ -119,13 +135,19 @@ def parse_inject(spec: str) -> tuple:
         values = []
     if kind == "sram" and len(values) >= 4 and min(values) >= 0:
         return ("sram", *values[:3], values[3:])
+    at = kind[5:] if kind.startswith("sram@") else ""
+    if at.isdigit() and len(values) >= 4 and min(values) >= 0:
+        return ("sram", *values[:3], values[3:], int(at))
     if kind == "random" and len(values) == 2 and values[0] > 0 and values[1] >= 0:
         return ("random", *values)
     parts = rest.split(",")
     if kind == "dead" and len(parts) in (2, 3) and all(p.isdigit() for p in parts[:2]):
         return ("dead", int(parts[0]), int(parts[1]), *parts[2:])
-    raise UsageError(f"--inject must be sram:X,Y,ADDR,BIT[,BIT...], random:N,SEED (non-negative integers, "
-                     f"N > 0) or dead:X,Y[,N|E|S|W], not {spec!r}")
+    if kind == "link" and len(parts) in (5, 6) and parts[2].upper() in ("N", "E", "S", "W") \
+            and all(p.isdigit() for p in parts[:2] + parts[3:]):
+        return ("link", int(parts[0]), int(parts[1]), parts[2].upper(), int(parts[3]), [int(b) for b in parts[4:]])
+    raise UsageError(f"--inject must be sram[@CYCLE]:X,Y,ADDR,BIT[,BIT...], random:N,SEED (non-negative integers, "
+                     f"N > 0), dead:X,Y[,N|E|S|W] or link:X,Y,N|E|S|W,CYCLE,BIT[,BIT], not {spec!r}")
 
 
 class _Injecting:
@@ -149,6 +171,14 @@ class _Injecting:
             if spec[0] == "sram":
                 dev.inject(*spec[1:])
                 self.injected.append(spec[1:])
+                continue
+            if spec[0] == "link":
+                if not hasattr(dev, "inject_link"):
+                    behind = " behind --defects" if isinstance(dev, DefectDevice) else ""
+                    raise UsageError(f"--inject link:... needs a device with link ECC (golden, verilator) "
+                                     f"on its own mesh, not {getattr(dev, 'backend', '?')}{behind}")
+                x, y, port, cycle, bits = spec[1:]
+                dev.inject_link(x, y, port, bits, cycle)
                 continue
             if spec[0] == "dead":
                 if not hasattr(dev, "kill"):
@@ -284,8 +314,10 @@ def _parser() -> _Parser:
     parser.add_argument("--defects", help="dead PEs and links of the --mesh (random:FRACTION,SEED, X,Y[,PORT][;...] "
                         "or a file): run on the usable mesh around them, spare rows and columns given up")
     parser.add_argument("--inject", action="append", default=[],
-                        help="before the run, flip stored memory bits (sram:X,Y,ADDR,BIT[,BIT...] or random:N,SEED) "
-                        "or kill a PE or link (dead:X,Y[,PORT], golden); repeatable; prints the memory ECC counters")
+                        help="before the run, flip stored memory bits (sram:X,Y,ADDR,BIT[,BIT...], at a cycle "
+                        "sram@CYCLE:X,Y,ADDR,BIT[,BIT...], or random:N,SEED), "
+                        "kill a PE or link (dead:X,Y[,PORT], golden) or arm a link flip at a cycle "
+                        "(link:X,Y,PORT,CYCLE,BIT[,BIT]); repeatable; prints the ECC counters")
     return parser
 
 
@@ -328,7 +360,7 @@ def _summary(report: dict) -> str:
             f"  max |error| vs float64 {report['max_abs_err_vs_float64']:.3g}, "
             f"{report['cycles']} cycles{golden}, fmac utilization {report['fmac_utilization']:.3f}, "
             f"fpu utilization {report['fpu_utilization']:.3f} "
-            f"({report['seconds']:.2f} s)" + _ecc_summary(report)
+            f"({report['seconds']:.2f} s)" + _ecc_summary(report) + _link_summary(report)
             + (f"\n  {report['defects'].replace(chr(10), chr(10) + '  ')}" if "defects" in report else ""))
 
 
@@ -341,6 +373,17 @@ def _ecc_summary(report: dict) -> str:
                      for cr, dr in zip(grids["corrected"].tolist(), grids["detected"].tolist()))
     return (f"\n  memory ECC: {int(grids['corrected'].sum())} corrected, {int(grids['detected'].sum())} detected "
             f"(per PE corrected/detected, row by row: {rows})")
+
+
+def _link_summary(report: dict) -> str:
+    """The link ECC counters of a run with link flips armed (nothing otherwise)."""
+    if "link_ecc" not in report:
+        return ""
+    counts = report["link_ecc"]
+    links = "; ".join(f"{link} {counts['corrected'].get(link, 0)}/{counts['detected'].get(link, 0)}"
+                      for link in sorted(set(counts["corrected"]) | set(counts["detected"])))
+    return (f"\n  link ECC: {sum(counts['corrected'].values())} corrected, {sum(counts['detected'].values())} "
+            f"detected (per link X,Y,PORT corrected/detected: {links or 'none crossed at or after its cycle'})")
 
 
 def main(argv: list[str]) -> int:

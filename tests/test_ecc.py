@@ -168,3 +168,28 @@ def test_kernel_command_reports_a_double_flip():
 
     with pytest.raises(ecc.EccError, match=r"^PE \(1, 1\) task \d+ pc \d+: uncorrectable .* address 5: "):
         main(["gemv", "--mesh", "2x2", "--inject", "sram:1,1,5,2,9"])
+
+
+def test_a_memory_flip_armed_at_a_cycle_lands_when_the_pe_runs_no_task():
+    clean = run_kernel("gemv", FabricConfig(width=2, height=2), 3, rows=12, cols=10)
+    record: dict = {}
+
+    class Armed(Fabric):
+        def run(self, max_cycles=None):
+            if "fabric" not in record:
+                record["fabric"] = self
+                addr = int(np.flatnonzero(self.pe(0, 0).mem)[-1])
+                self.inject(0, 0, addr, [3], cycle=10)                     # lands at the end of a task
+                self.inject(1, 1, addr, [3, 9], cycle=clean["cycles"] + 1)  # past the run: stays armed
+            return super().run(max_cycles)
+
+    report = run_kernel("gemv", FabricConfig(width=2, height=2), 3, device=Armed, rows=12, cols=10)
+    fabric = record["fabric"]
+    assert report["bit_exact"] and report["cycles"] == clean["cycles"]
+    assert fabric.pe(0, 0).timed_flip is None                                    # landed
+    assert fabric.pe(1, 1).timed_flip is not None and not fabric.pe(1, 1).ecc_check
+    fabric.memcpy_d2h(0, fabric.config.sram_words)                               # every word read: counted once
+    assert fabric.ecc_counters()["corrected"].tolist() == [[1, 0], [0, 0]]
+    for cycle in (-1, 1.5, True):
+        with pytest.raises(UsageError, match="cycle of a memory flip"):
+            fabric.inject(0, 0, 1, [3], cycle=cycle)

@@ -123,23 +123,74 @@ class _FaultyTraining(DeviceBackend):
         return super().run_phase(name, weights, grads)
 
 
-def test_random_single_flips_over_training_phases_match_golden(verilator_fabric):
+def training_step_in_lockstep(backend_class) -> Lockstep:
+    """Every phase of a weight-streaming training step of a 10-6-3 MLP on the
+    2x2 mesh through ``backend_class`` (a :class:`DeviceBackend` whose device
+    is a :class:`Lockstep`), each phase's cycles equal to the compiler's
+    static model; returns the lockstep pair."""
     torch.manual_seed(0)
     batch = 4
     model = nn.Sequential(nn.Linear(10, 6), nn.ReLU(), nn.Linear(6, 3))
     exe = compile_model(model, torch.randn(batch, 10), batch=batch, config=MESH)
-    _FaultyTraining.factory, _FaultyTraining.rng = verilator_fabric, np.random.default_rng(11)
-    backend = _FaultyTraining(exe)
+    backend = backend_class(exe)
     backend.load()
     runtime = Runtime(exe, "functional")
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, runtime._features)).astype(np.float32)
     backend._copy_in(runtime._host(x, rng.integers(0, runtime._classes, batch)))
     weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in exe.parameters().items()}
-    pair = backend.device
     for name in exe.sequences["train"]:
         cycles = backend.run_phase(name, weights, {})   # lockstep: bits, cycles, counters, ECC counts compared
         assert cycles == exe.phases[name].cycles, name
+    return backend.device
+
+
+def test_random_single_flips_over_training_phases_match_golden(verilator_fabric):
+    _FaultyTraining.factory, _FaultyTraining.rng = verilator_fabric, np.random.default_rng(11)
+    pair = training_step_in_lockstep(_FaultyTraining)
     counts = pair.ecc_counters()
     # Flips in words a phase rewrote before reading (streamed weights) are never seen, as in hardware.
     assert 0 < int(counts["corrected"].sum()) <= _FaultyTraining.words and not counts["detected"].any()
+
+
+@pytest.mark.parametrize("kernel,sizes,seed", [("gemv", dict(rows=12, cols=10), 4), ("axpy", dict(n=24), 5)])
+def test_memory_flips_armed_at_cycles_match_golden(verilator_fabric, kernel, sizes, seed):
+    clean = run_kernel(kernel, MESH, 3, **sizes)
+    record: dict = {}
+
+    class Armed(Lockstep):
+        def run(self, max_cycles=None):
+            if "pair" not in record:
+                record["pair"] = self
+                record["armed"] = self.inject_random_timed(np.random.default_rng(seed), clean["cycles"] + 8)
+            return super().run(max_cycles)
+
+    report = run_kernel(kernel, MESH, 3, device=lambda cfg: Armed(Fabric(cfg, trace=True), verilator_fabric(cfg),
+                                                                    check_emits=True), **sizes)
+    assert report["bit_exact"] and report["cycles"] == clean["cycles"]
+    pair = record["pair"]
+    # A flip armed past the run's last cycle is still armed on both (memory and counters were compared).
+    landed = record["armed"] - sum(pe.timed_flip is not None for pe in pair.reference.pes)
+    assert landed > 0 and int(pair.ecc_counters()["corrected"].sum()) == landed
+
+
+class _TimedTraining(DeviceBackend):
+    """Every phase on golden and Verilator in lockstep, one memory flip per
+    PE armed on both before each phase at a random cycle of the phase."""
+
+    factory = None
+    rng = None
+
+    def make_device(self, config):
+        return Lockstep(Fabric(config), self.factory(config))
+
+    def run_phase(self, name, weights, grads):
+        self.device.inject_random_timed(self.rng, max(self.executable.phases[name].cycles, 1))
+        return super().run_phase(name, weights, grads)
+
+
+def test_memory_flips_armed_at_cycles_over_training_phases_match_golden(verilator_fabric):
+    _TimedTraining.factory, _TimedTraining.rng = verilator_fabric, np.random.default_rng(13)
+    pair = training_step_in_lockstep(_TimedTraining)
+    counts = pair.ecc_counters()
+    assert int(counts["corrected"].sum()) > 0 and not counts["detected"].any()

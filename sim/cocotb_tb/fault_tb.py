@@ -1,5 +1,5 @@
-"""Fault-injection testbench: memory faults on the full RTL mesh, in lockstep
-with the golden model.
+"""Fault-injection testbench: memory and link faults on the full RTL mesh, in
+lockstep with the golden model.
 
 Flips go into both devices through the host API (``inject``: on the RTL a
 host-bus read and write of the raw 39-bit code word, ``docs/architecture.md``
@@ -14,6 +14,16 @@ section 4.7) once a kernel's program and data are loaded, before its run.
   the last PE: both runs stop with the same one-line report (PE, task, pc,
   address, stored bits, syndrome) and one detected error.
 
+* ``random_link_flips``: a random bit flipped on each of
+  ``WSE_COSIM_LINKS`` random links between routers (default 6), at random
+  cycles of the run, for gemv and axpy: the RTL's link coders
+  (``hdl/link_ecc.py``) correct them; the result is bit exact and the link
+  ECC counters equal the golden model's, link by link, one correction per
+  flip that fired.
+* ``link_double_flip_stops_the_run``: two flipped bits on random links: both
+  runs stop with the same one-line report (link, cycle, color as received,
+  received bits, syndrome) and one detected error.
+
 Parameters (environment): ``WSE_COSIM_CONFIG`` (the mesh), ``WSE_COSIM_SIZE``
 (default 24), ``WSE_COSIM_SEED``, ``WSE_COSIM_FLIPS``.
 """
@@ -24,7 +34,7 @@ import numpy as np
 
 import cocotb
 
-from wse.sim.golden.ecc import EccError
+from wse.sim.golden.ecc import EccError, LinkEccError
 from wse.sim.runner import run_kernel
 
 from .common import config_from_env, env_int, in_thread, mesh_pair
@@ -84,4 +94,43 @@ async def double_flip_stops_the_run(dut):
     else:
         raise AssertionError("a double flip was not reported")
     counts = await in_thread(pair.ecc_counters)
+    assert int(counts["detected"].sum()) == 1, counts
+
+
+@cocotb.test()
+@cocotb.parametrize(kernel=["gemv", "axpy"])
+async def random_link_flips(dut, kernel):
+    """Random single flips on links at random cycles: corrected, counted alike, bits and cycles unchanged."""
+    pair = await mesh_pair(dut, check_emits=False)
+    config = config_from_env()
+    size, seed = env_int("SIZE", 24), env_int("SEED", 0)
+    sizes = {"rows": size, "cols": size} if kernel == "gemv" else {"n": size}
+    clean = await in_thread(run_kernel, kernel, config, seed, **sizes)
+    rng = np.random.default_rng(seed)
+    record = _before_first_run(pair, lambda p: p.inject_random_links(rng, env_int("LINKS", 6), clean["cycles"]))
+    report = await in_thread(run_kernel, kernel, config, seed, device=lambda cfg: pair, **sizes)
+    assert report["bit_exact"] and report["cycles"] == clean["cycles"], (report["mismatches"], report["cycles"])
+    counts = await in_thread(pair.link_ecc_counters)      # golden and RTL compared link by link
+    fired = len(record["words"]) - len(pair.reference.routers.link_flips)
+    corrected = int(counts["corrected"].sum())
+    assert corrected == fired and not counts["detected"].any(), (corrected, fired)
+    dut._log.info("%s: %d link flips corrected, %d cycles", kernel, corrected, report["cycles"])
+
+
+@cocotb.test()
+async def link_double_flip_stops_the_run(dut):
+    """Two flipped bits on links: both runs stop with the same report."""
+    pair = await mesh_pair(dut, check_emits=False)
+    config = config_from_env()
+    rng = np.random.default_rng(env_int("SEED", 0))
+    _before_first_run(pair, lambda p: p.inject_random_links(rng, 4, 40, flips=2))
+    try:
+        await in_thread(run_kernel, "gemv", config, env_int("SEED", 0), device=lambda cfg: pair, rows=8, cols=8)
+    except LinkEccError as exc:      # Lockstep raises it only when both reports are the same
+        message = str(exc)
+        assert message.startswith("the link from router (") and " at cycle " in message, message
+        dut._log.info("both stopped: %s", message)
+    else:
+        raise AssertionError("a double flip on a link was not reported")
+    counts = await in_thread(pair.link_ecc_counters)
     assert int(counts["detected"].sum()) == 1, counts

@@ -128,7 +128,7 @@ def _source_key(config: FabricConfig, *extra: str) -> str:
     without exporting the Verilog first (a few seconds)."""
     hdl = Path(__file__).resolve().parents[2] / "hdl"
     here = Path(__file__).resolve().parent
-    files = sorted(hdl.glob("*.py")) + sorted(here.glob("*.py")) + sorted(here.glob("harness/*.cpp"))
+    files = sorted(hdl.glob("*.py")) + sorted(here.glob("*.py")) + sorted(here.glob("harness/*.[ch]*"))
     texts = [f.name + f.read_text() for f in files]
     return digest(*texts, str(config.with_mesh(1, 1).to_dict()), _verilator_version(), *extra)
 
@@ -158,7 +158,7 @@ def verilator_library(config: FabricConfig) -> Path:
           file=sys.stderr, flush=True)
     blocks = block_verilog(config)
     control = verilator_config(blocks.values())
-    harness = _HARNESS.read_text()
+    harness = "".join(f.read_text() for f in sorted(_HARNESS.parent.glob("*.[ch]*")))   # the engine and its headers
     key = digest(*blocks.values(), control, harness, _verilator_version(), *VERILATOR_FLAGS, _MAKEFLAGS)
     final = root / key
     with _locked(final):

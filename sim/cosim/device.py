@@ -24,6 +24,7 @@ from typing import Iterable
 import numpy as np
 
 from wse.config import FabricConfig, Port, UsageError
+from wse.hdl.link_ecc import LINK_REGS, PORT_STRIDE
 from wse.hdl.pe_ecc import ECC_ADDRS
 from wse.hdl.router import encode_route, decode_route
 from wse.hdl.wavelet import COUNTER_NAMES, HostSpace
@@ -91,6 +92,8 @@ class RtlFabric(HostArgs, abc.ABC):
         self._hung = False
         # PEs with injected faults since the last reset: only they can stop on an uncorrectable word.
         self._faulty: set[tuple[int, int]] = set()
+        # A link flip was armed since the last reset: a run may stop on an uncorrectable wavelet.
+        self._link_armed = False
 
     # ------------------------------------------------------------------ primitives
     @abc.abstractmethod
@@ -294,6 +297,8 @@ class RtlFabric(HostArgs, abc.ABC):
         if self._faulty:
             self._hung = status != STATUS_IDLE
             self._raise_ecc_fault()
+        if self._link_armed:
+            self._raise_link_fault()
         if status == STATUS_IDLE:
             self.total_cycles += cycles
             self.wavelet_hops += self._run_hops()
@@ -349,18 +354,26 @@ class RtlFabric(HostArgs, abc.ABC):
         memory ECC counters included."""
         self._write(HostSpace.CTRL, [*range(1, len(COUNTER_NAMES) + 1), ECC_ADDRS["corrected"],
                                      ECC_ADDRS["detected"]], 0, bcast=True)
+        self._write(HostSpace.LINK, [p * PORT_STRIDE + LINK_REGS[k] for p in range(4)
+                                     for k in ("corrected", "detected")], 0, bcast=True)
         self.total_cycles = self.wavelet_hops = 0
 
     # ------------------------------------------------------------------ memory ECC and injection
-    def inject(self, x: int, y: int, addr: int, bits: Iterable[int]) -> None:
+    def inject(self, x: int, y: int, addr: int, bits: Iterable[int], cycle: int | None = None) -> None:
         """Flip code-word bits ``bits`` (0..31 data, 32..38 check bits) of the
         data-memory word at ``addr`` of PE ``(x, y)`` as stored: two host-bus
         writes (the data mask, then the address and check mask), which the PE
         turns into a read and a write of the raw code word
-        (``docs/architecture.md`` section 4.7)."""
+        (``docs/architecture.md`` section 4.7). With ``cycle``, a write of
+        ``flip_at`` first arms the flip for the first cycle of a run at or
+        after ``cycle`` in which the PE runs no task."""
         self._tile(x, y)
         self._check_span("inject", addr, 1)
         data, check = ecc.flip_masks(ecc.flip_bits(bits))
+        if cycle is not None:
+            if isinstance(cycle, bool) or not isinstance(cycle, (int, np.integer)) or cycle < 0:
+                raise UsageError(f"inject: the cycle of a memory flip must be an integer >= 0, not {cycle!r}")
+            self._write(HostSpace.CTRL, [ECC_ADDRS["flip_at"]], int(cycle), x, y)
         self._write(HostSpace.CTRL, [ECC_ADDRS["flip_data"]], data, x, y)
         self._write(HostSpace.CTRL, [ECC_ADDRS["flip"]], int(addr) | check << 16, x, y)
         self._dirty[y * self.width + x, addr] = True
@@ -393,6 +406,59 @@ class RtlFabric(HostArgs, abc.ABC):
                     else f"PE ({x}, {y})"
                 raise ecc.EccError(ecc.report(place, where & 0xFFFF, stored, syndrome & 0x7F, syndrome >> 8 & 0x3F))
 
+    # ------------------------------------------------------------------ link ECC and injection
+    def inject_link(self, x: int, y: int, port, bits: Iterable[int], cycle: int = 0) -> None:
+        """Arm a flip of link code-word bits ``bits`` (one or two of 0..37 the
+        wavelet, 38..44 the check bits) in the first wavelet leaving router
+        ``(x, y)`` through ``port`` in run cycle ``cycle`` or later: three
+        ``LINK`` writes at the sending tile (``docs/architecture.md`` 3.7)."""
+        p, _, _ = ecc.link_target(self.width, self.height, x, y, port)
+        word, check = ecc.link_masks(ecc.link_flip_bits(bits))
+        if not isinstance(cycle, (int, np.integer)) or cycle < 0:
+            raise UsageError(f"inject: the cycle of a link flip must be an integer >= 0, not {cycle!r}")
+        base = p * PORT_STRIDE
+        self._write(HostSpace.LINK, [base + LINK_REGS["flip_word"], base + LINK_REGS["flip_high"],
+                                     base + LINK_REGS["flip_at"]],
+                    [word & 0xFFFFFFFF, word >> 32 | check << 6, int(cycle)], x, y)
+        self._link_armed = True
+
+    def _links(self):
+        """Every link between routers: ``(x, y, port, neighbour x, neighbour y)``."""
+        for y in range(self.height):
+            for x in range(self.width):
+                for p in (Port.N, Port.E, Port.S, Port.W):
+                    nx, ny = x + p.delta[0], y + p.delta[1]
+                    if 0 <= nx < self.width and 0 <= ny < self.height:
+                        yield x, y, p, nx, ny
+
+    def link_ecc_counters(self) -> dict[str, np.ndarray]:
+        """Link ECC events since :meth:`reset_counters`, as ``[h, w, 4]``
+        arrays indexed by the sending router and port (the golden model's
+        layout), read over the host bus from the receiving tiles."""
+        out = {k: np.zeros((self.height, self.width, 4), dtype=np.int64) for k in ("corrected", "detected")}
+        for x, y, p, nx, ny in self._links():
+            base = int(p.opposite) * PORT_STRIDE
+            values = self._bus(*self._requests(HostSpace.LINK, [base + LINK_REGS["corrected"],
+                                                                base + LINK_REGS["detected"]], None, nx, ny))
+            out["corrected"][y, x, int(p)], out["detected"][y, x, int(p)] = (int(v) for v in values)
+        return out
+
+    def _raise_link_fault(self) -> None:
+        """Raise :class:`~wse.sim.golden.ecc.LinkEccError` with the report of the
+        first link (in row-major order of the receiving router) whose receiver
+        latched an uncorrectable wavelet, in the golden model's words; the
+        write of its ``detected`` register clears the report and the fault."""
+        regs = [LINK_REGS["report_data"], LINK_REGS["report_bits"], LINK_REGS["report_cycle"], LINK_REGS["detected"]]
+        for x, y, p, nx, ny in sorted(self._links(), key=lambda link: (link[4], link[3], int(link[2].opposite))):
+            base = int(p.opposite) * PORT_STRIDE
+            data, bits, cycle, detected = (int(v) for v in self._bus(*self._requests(
+                HostSpace.LINK, [base + r for r in regs], None, nx, ny)))
+            if bits >> 31:
+                self._bus(*self._requests(HostSpace.LINK, [base + LINK_REGS["detected"]], detected, nx, ny, we=True))
+                word = data | (bits & 0x3F) << 32
+                raise ecc.LinkEccError(ecc.link_report(x, y, p.name, nx, ny, cycle, word, bits >> 6 & 0x7F,
+                                                       bits >> 13 & 0x3F))
+
     # ------------------------------------------------------------------ RTL extras
     def registers(self, x: int, y: int) -> list[int]:
         """The 16 scalar registers of PE ``(x, y)`` (``r0`` reads 0)."""
@@ -423,6 +489,7 @@ class RtlFabric(HostArgs, abc.ABC):
         counters; memories keep their words) and forget collected outputs."""
         self._reset_hardware()
         self._hung = False
+        self._link_armed = False
         self._dirty[:] = True
         self._programs = [None] * self.config.num_pes
         self.edge_out.clear()

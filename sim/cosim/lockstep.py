@@ -10,7 +10,9 @@ PE's registers, and (optionally) every word of every PE's data memory and
 every wavelet each PE emitted. Memory faults go to both devices
 (:meth:`Lockstep.inject`), and once any was injected the memory ECC counters
 are compared too; an uncorrectable word must stop both runs with the same
-report.
+report. Link flips likewise (:meth:`Lockstep.inject_link`): the link ECC
+counters are compared after every run once one was armed, and an
+uncorrectable wavelet must stop both runs with the same report.
 
 So anything that runs on the golden model runs in co-simulation::
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from wse.config import Port
 from wse.sim.golden import FabricHang
-from wse.sim.golden.ecc import EccError
+from wse.sim.golden.ecc import LINK_CODE_BITS, EccError, LinkEccError
 
 __all__ = ["Divergence", "Lockstep", "golden_emits"]
 
@@ -122,6 +124,7 @@ class Lockstep:
             device.trace_emits(True)
         self._emit_seen: dict[tuple[int, int], int] = {}
         self._injected = False   # memory faults injected: compare the ECC counters too
+        self._link_injected = False   # link flips armed: compare the link ECC counters too
 
     # ------------------------------------------------------------------ forwarding
     def _both(self, name, *args, **kwargs):
@@ -168,10 +171,23 @@ class Lockstep:
     def reset_counters(self):
         self._both("reset_counters")
 
-    def inject(self, x, y, addr, bits):
-        """Flip the same stored code-word bits on both devices."""
-        self._both("inject", x, y, addr, list(bits))
+    def inject(self, x, y, addr, bits, cycle=None):
+        """Flip the same stored code-word bits on both devices (now, or armed at ``cycle``)."""
+        self._both("inject", x, y, addr, list(bits), cycle)
         self._injected = True
+
+    def inject_random_timed(self, rng, cycles: int) -> int:
+        """Arm one random single flip per PE, in a random non-zero word (the
+        program and its data), at a random cycle below ``cycles``, on both
+        devices; returns the flips armed. The reference must be the golden model."""
+        armed = 0
+        for y in range(self.height):
+            for x in range(self.width):
+                used = np.flatnonzero(self.reference.pe(x, y).mem.view(np.ndarray))
+                if len(used):
+                    self.inject(x, y, int(rng.choice(used)), [int(rng.integers(39))], int(rng.integers(cycles)))
+                    armed += 1
+        return armed
 
     def inject_random(self, rng, words_per_pe: int, flips: int = 1) -> int:
         """Flip ``flips`` random code-word bits in each of ``words_per_pe``
@@ -187,6 +203,41 @@ class Lockstep:
                     self.inject(x, y, int(addr), rng.choice(39, size=flips, replace=False).tolist())
                     hit += 1
         return hit
+
+    def inject_link(self, x, y, port, bits, cycle=0):
+        """Arm the same link flip on both devices."""
+        self._both("inject_link", x, y, port, list(bits), cycle)
+        self._link_injected = True
+
+    def inject_random_links(self, rng, count: int, cycles: int, flips: int = 1) -> list[tuple]:
+        """Arm ``count`` flips of ``flips`` random link code-word bits on
+        distinct random links between routers, each at a random cycle below
+        ``cycles``, on both devices; ``rng`` a numpy ``Generator``. Returns
+        the flips armed: ``(x, y, port, bits, cycle)``."""
+        links = [(x, y, p) for y in range(self.height) for x in range(self.width) for p in "NESW"
+                 if 0 <= x + Port[p].delta[0] < self.width and 0 <= y + Port[p].delta[1] < self.height]
+        armed = []
+        for k in rng.choice(len(links), size=min(count, len(links)), replace=False).tolist():
+            x, y, p = links[k]
+            bits = rng.choice(LINK_CODE_BITS, size=flips, replace=False).tolist()
+            cycle = int(rng.integers(cycles))
+            self.inject_link(x, y, p, bits, cycle)
+            armed.append((x, y, p, bits, cycle))
+        return armed
+
+    def link_ecc_counters(self):
+        """Link ECC counts per link (``[h, w, 4]``); the device's must equal the reference's."""
+        expected, got = self._both("link_ecc_counters")
+        for name, grid in expected.items():
+            self._count("counters", grid.size)
+            bad = np.argwhere(np.asarray(grid) != np.asarray(got[name]))
+            if bad.size:
+                y, x, p = (int(v) for v in bad[0])
+                raise Divergence(f"link from router ({x}, {y}) through {Port(p).name} counter link_{name}: "
+                                 f"device {int(got[name][y, x, p])}, reference {int(grid[y, x, p])}",
+                                 {"kind": "counter", "pe": (x, y), "name": f"link_{name}",
+                                  "device": int(got[name][y, x, p]), "reference": int(grid[y, x, p])})
+        return expected
 
     def ecc_counters(self):
         """Memory ECC counts per PE; the device's must equal the reference's."""
@@ -208,18 +259,21 @@ class Lockstep:
             try:
                 results.append(fabric.run(max_cycles))
                 failures.append(None)
-            except (FabricHang, EccError) as exc:
+            except (FabricHang, EccError, LinkEccError) as exc:
                 results.append(None)
                 failures.append(exc)
         self.runs += 1
         if type(failures[0]) is not type(failures[1]):
-            what = ["ran to the end", "hung", "stopped on a memory error"]
-            kinds = [what[0] if f is None else what[1] if isinstance(f, FabricHang) else what[2] for f in failures]
+            what = ((FabricHang, "hung"), (EccError, "stopped on a memory error"),
+                    (LinkEccError, "stopped on a link error"))
+            kinds = ["ran to the end" if f is None else next(w for k, w in what if isinstance(f, k)) for f in failures]
             raise Divergence(f"run {self.runs}: the reference {kinds[0]}, the device {kinds[1]}", {"kind": "error"},
                              [str(f) for f in failures if f is not None])
-        if isinstance(failures[0], EccError) and str(failures[0]) != str(failures[1]):
-            raise Divergence(f"run {self.runs}: different memory error reports", {"kind": "error"},
+        if isinstance(failures[0], (EccError, LinkEccError)) and str(failures[0]) != str(failures[1]):
+            raise Divergence(f"run {self.runs}: different error reports", {"kind": "error"},
                              [f"reference: {failures[0]}", f"device: {failures[1]}"])
+        if self._link_injected:
+            self.link_ecc_counters()
         if failures[0] is not None:
             raise failures[0]
         if results[0] != results[1]:

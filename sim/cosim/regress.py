@@ -18,8 +18,9 @@ Suites:
 ``mesh``      :mod:`wse.sim.cocotb_tb.mesh_tb` on ``--mesh``: every library
               kernel in lockstep, and the checker's failure test
 ``faults``    :mod:`wse.sim.cocotb_tb.fault_tb` on ``--mesh``: random single
-              flips in PE memory during kernels, ECC counters compared in
-              lockstep, and a double flip stopping both runs alike
+              flips in PE memory and on links during kernels, ECC counters
+              compared in lockstep, and a double flip (memory, link)
+              stopping both runs alike
 ``backend``   the ``verilator`` backend (C++ harness) on ``--mesh``: every
               library kernel in lockstep with the golden model
 ============  ==============================================================

@@ -55,7 +55,7 @@ from wse.config import WAVELET_BITS, FabricConfig
 from wse.hdl.fabric import EDGES, Fabric
 from wse.hdl.pe import PE
 from wse.hdl.router import Router
-from wse.hdl.tile import Tile
+from wse.hdl.tile import MESH_PORTS, Tile
 
 __all__ = ["TILE_MODULE", "MESH_MODULE", "ROUTER_MODULE", "PE_MODULE", "STATE_BITS", "FlatBlock",
            "probed_tile", "probed_pe", "flat_router", "CosimMesh", "mesh_verilog", "block_verilog",
@@ -144,7 +144,7 @@ def probed_tile(config: FabricConfig) -> FlatBlock:
     probes = _pe_probes(lambda tile: tile.pe)
     probes["probe_tx_valid"] = (Out(1), lambda m, block: block.inner.pe.tx.valid)
     probes["probe_tx"] = (Out(WAVELET_BITS), lambda m, block: block.inner.pe.tx.payload.as_value())
-    return FlatBlock(Tile(config), probes)
+    return FlatBlock(Tile(config, link_ecc=MESH_PORTS), probes)
 
 
 class _TileInstance(wiring.Component):
@@ -182,8 +182,10 @@ class CosimMesh(wiring.Component):
         self._config = config
         probes = {name: member for name, (member, _) in tile._probes.items()}
 
-        def make_tile(cfg, *, pe=None):
-            return _TileInstance(tile.inner.signature, probes)
+        def make_tile(cfg, *, pe=None, link_ecc=()):
+            instance = _TileInstance(tile.inner.signature, probes)
+            instance.link_ecc = tile.inner.link_ecc      # the shared module codes all four ports
+            return instance
 
         # The mesh's own elaboration (links, edges, host bus, run control) is
         # kept; only the tiles it builds are the shared module's instances.

@@ -40,7 +40,9 @@ from wse.config import UsageError
 from .errors import ProgramFault
 
 __all__ = ["CODE_BITS", "CHECK_BITS", "DATA_BITS", "POSITIONS", "EccError", "EccMemory", "decode", "encode",
-           "inject", "pending", "flip_bits", "flip_masks", "report"]
+           "inject", "pending", "flip_bits", "flip_masks", "report",
+           "WAVELET_BITS", "LINK_CODE_BITS", "WAVELET_POSITIONS", "LinkEccError", "wavelet_check", "wavelet_decode",
+           "link_flip_bits", "link_masks", "link_target", "link_report"]
 
 DATA_BITS = 32
 CHECK_BITS = 7
@@ -207,3 +209,99 @@ def inject(pe, addr: int, bits) -> None:
 def pending(pe) -> dict[int, int]:
     """The suspect words of ``pe``: ``{address: stored check bits}``."""
     return dict(pe.ecc_check)
+
+
+# ---------------------------------------------------------------------- link ECC
+#: A wavelet (``docs/architecture.md`` section 2) is 38 bits: data 0..31, color 32..36, ctrl 37.
+WAVELET_BITS = 38
+#: On a router-to-router link a wavelet travels with 7 check bits: code-word bits 0..37 the
+#: wavelet, 38..43 the six Hamming check bits, 44 the overall parity.
+LINK_CODE_BITS = WAVELET_BITS + CHECK_BITS
+#: The Hamming position (1..44) of each wavelet bit: the positions that are not powers of two. The
+#: first 32 are :data:`POSITIONS`, so the memory word's code is this code with the top 6 bits zero.
+WAVELET_POSITIONS = [p for p in range(1, 45) if p & (p - 1)]
+assert len(WAVELET_POSITIONS) == WAVELET_BITS and WAVELET_POSITIONS[:DATA_BITS] == POSITIONS.tolist()
+#: WAVELET_MASKS[j]: the wavelet bits that check bit j covers.
+WAVELET_MASKS = [sum(1 << i for i, p in enumerate(WAVELET_POSITIONS) if p >> j & 1) for j in range(6)]
+_WAVELET_AT = {p: i for i, p in enumerate(WAVELET_POSITIONS)}
+
+
+def wavelet_check(word: int) -> int:
+    """The 7 check bits (bits 0..5 Hamming, bit 6 overall parity) of a
+    38-bit packed wavelet ``word`` (``docs/architecture.md`` section 3.7)."""
+    check = 0
+    for j, mask in enumerate(WAVELET_MASKS):
+        check |= ((word & mask).bit_count() & 1) << j
+    return check | ((word.bit_count() + check.bit_count()) & 1) << 6
+
+
+def wavelet_decode(word: int, check: int) -> tuple[int, int, int]:
+    """Decode a received link code word: the 38-bit ``word`` and its 7
+    ``check`` bits. Returns ``(word, status, syndrome)``: the corrected
+    wavelet (as received when the error is uncorrectable), ``status`` (0 no
+    error, 1 one flip corrected, 2 detected, not correctable) and the 6-bit
+    syndrome; the same rules as :func:`decode` with positions up to 44."""
+    syndrome = (wavelet_check(word) ^ check) & 0x3F
+    odd = (word.bit_count() + check.bit_count()) & 1
+    if not odd:
+        return word, (DETECTED if syndrome else OK), syndrome
+    if syndrome > LINK_CODE_BITS - 1:
+        return word, DETECTED, syndrome
+    bit = _WAVELET_AT.get(syndrome)
+    return (word ^ (1 << bit) if bit is not None else word), CORRECTED, syndrome
+
+
+def link_flip_bits(bits) -> list[int]:
+    """``bits`` as a list of one or two distinct link code-word bits (0..37
+    the wavelet, 38..44 the check bits); anything else is one
+    :class:`~wse.config.UsageError` line. (Three or more flips can decode as
+    a wrong single-flip correction, which SECDED does not promise to see.)"""
+    try:
+        flips = [int(b) for b in bits]
+    except (TypeError, ValueError):
+        flips = None
+    if not flips or len(flips) > 2 or len(set(flips)) != len(flips) \
+            or not all(0 <= b < LINK_CODE_BITS for b in flips):
+        raise UsageError(f"inject: link bits must be one or two distinct code-word bits in "
+                         f"0..{LINK_CODE_BITS - 1}, not {bits!r}")
+    return flips
+
+
+def link_target(width: int, height: int, x: int, y: int, port) -> tuple[int, int, int]:
+    """The link leaving router ``(x, y)`` of a ``width x height`` mesh through
+    ``port`` (N, E, S or W, a name or code, toward a neighbour): ``(port
+    code, neighbour x, neighbour y)``; anything else is one
+    :class:`~wse.config.UsageError` line."""
+    from wse.config import Port
+    try:
+        p = Port[port.upper()] if isinstance(port, str) else Port(port)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        p = None
+    if p is None or p is Port.RAMP or not (0 <= x < width and 0 <= y < height) \
+            or not (0 <= x + p.delta[0] < width and 0 <= y + p.delta[1] < height):
+        raise UsageError(f"inject: a link is N, E, S or W from a router of the {width}x{height} mesh toward a "
+                         f"neighbour, not router ({x}, {y}) port {port!r}")
+    return int(p), x + p.delta[0], y + p.delta[1]
+
+
+def link_masks(bits) -> tuple[int, int]:
+    """The XOR masks ``(wavelet, check)`` that flip link code-word bits ``bits``."""
+    word = sum(1 << b for b in bits if b < WAVELET_BITS)
+    check = sum(1 << (b - WAVELET_BITS) for b in bits if b >= WAVELET_BITS)
+    return word, check
+
+
+def link_report(x: int, y: int, port: str, nx: int, ny: int, cycle: int, word: int, check: int,
+                syndrome: int) -> str:
+    """The message of an uncorrectable wavelet on the link from router ``(x,
+    y)`` through ``port`` to router ``(nx, ny)`` (every device words it the same)."""
+    return (f"the link from router ({x}, {y}) through {port} to router ({nx}, {ny}): uncorrectable wavelet error "
+            f"(two or more flipped bits) at cycle {cycle}: received color {word >> 32 & 31} (as received), "
+            f"data {word & 0xFFFFFFFF:#010x}, ctrl {word >> 37 & 1}, check bits {check:#04x}, "
+            f"syndrome {syndrome:#04x}")
+
+
+class LinkEccError(ProgramFault):
+    """A wavelet with an uncorrectable error (two flipped bits) crossed a
+    link. The message names the link, the cycle, the color as received, the
+    received bits and the syndrome."""

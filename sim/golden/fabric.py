@@ -155,15 +155,53 @@ class Fabric(HostArgs):
                for k in self.pes[0].counters}
         return {"cycles": self.cycle, "total_cycles": self.total_cycles, "wavelet_hops": self.wavelet_hops, "pe": per}
 
-    def inject(self, x: int, y: int, addr: int, bits: Iterable[int]) -> None:
+    def inject(self, x: int, y: int, addr: int, bits: Iterable[int], cycle: int | None = None) -> None:
         """Flip code-word bits ``bits`` of the data-memory word at ``addr`` of PE
         ``(x, y)`` as stored (the RTL devices too): 0..31 are the data
         bits, 32..38 the check bits (:mod:`wse.sim.golden.ecc`). The next read
         corrects one flip (counted in :meth:`ecc_counters`) and reports two
-        with :class:`~wse.sim.golden.ecc.EccError`; a write first forgets them."""
+        with :class:`~wse.sim.golden.ecc.EccError`; a write first forgets them.
+
+        With ``cycle`` the flip is armed instead: it lands in the first cycle
+        of a run at or after ``cycle`` in which the PE runs no task (a flip
+        during a task waits for the task's end; one armed flip per PE, arming
+        again replaces it; ``docs/architecture.md`` section 4.7)."""
         pe = self.pe(x, y)
         self._check_span("inject", addr, 1)
-        ecc.inject(pe, addr, ecc.flip_bits(bits))
+        flips = ecc.flip_bits(bits)
+        if cycle is None:
+            ecc.inject(pe, addr, flips)
+            return
+        if isinstance(cycle, bool) or not isinstance(cycle, (int, np.integer)) or cycle < 0:
+            raise UsageError(f"inject: the cycle of a memory flip must be an integer >= 0, not {cycle!r}")
+        pe.timed_flip = (int(cycle), int(addr), flips)
+
+    def inject_link(self, x: int, y: int, port, bits: Iterable[int], cycle: int = 0) -> None:
+        """Arm a flip of link code-word bits ``bits`` (one or two of 0..37 the
+        wavelet, 38..44 its check bits) in the first wavelet that crosses the
+        link leaving router ``(x, y)`` through ``port`` (toward a neighbour)
+        in run cycle ``cycle`` or later (the RTL devices too; one armed flip
+        per link: a second replaces it). The receiving router corrects one
+        flip (counted in :meth:`link_ecc_counters`); two stop the run with
+        :class:`~wse.sim.golden.ecc.LinkEccError` (``docs/architecture.md`` 3.7)."""
+        p, _, _ = ecc.link_target(self.width, self.height, x, y, port)
+        word, check = ecc.link_masks(ecc.link_flip_bits(bits))
+        if not isinstance(cycle, (int, np.integer)) or cycle < 0:
+            raise UsageError(f"inject: the cycle of a link flip must be an integer >= 0, not {cycle!r}")
+        self.routers.link_flips[(y * self.width + x, p)] = (int(cycle), word, check)
+
+    def link_ecc_counters(self) -> dict[str, np.ndarray]:
+        """Link ECC events since :meth:`reset_counters`, as ``[h, w, 4]``
+        arrays: ``[y, x, p]`` counts the wavelets on the link leaving router
+        ``(x, y)`` by port ``p`` (N, E, S, W) with a corrected flip
+        (``corrected``) or an uncorrectable error (``detected``)."""
+        out = {}
+        for k, counts in self.routers.link_ecc.items():
+            a = np.zeros((self.height, self.width, 4), dtype=np.int64)
+            for (r, p), n in counts.items():
+                a[r // self.width, r % self.width, p] = n
+            out[k] = a
+        return out
 
     def kill(self, x: int, y: int, port: Port | int | str | None = None) -> None:
         """Kill PE ``(x, y)`` (``port`` None) or the link leaving router ``(x,
@@ -209,6 +247,8 @@ class Fabric(HostArgs):
             for k in pe.counters:
                 pe.counters[k] = 0
             pe.ecc["corrected"] = pe.ecc["detected"] = 0
+        for counts in self.routers.link_ecc.values():
+            counts.clear()
         self.total_cycles = self.wavelet_hops = 0
 
     def trace(self, x: int, y: int) -> list[str]:
@@ -292,7 +332,9 @@ class Fabric(HostArgs):
             for pe in self._due(t):
                 pe.step(t)
             progress = bool(grants or injections or ramp_moves or self.rx_pops or self.tx_pushes or due_tx)
-            # 2. The end of the cycle: apply every pop and push.
+            # 2. The end of the cycle: apply every pop and push (a link flip armed for now fires).
+            if routers.link_flips:
+                routers.now = t
             pushed_rx = routers.apply(grants)
             routers.inject(injections)
             routers.take_from_ramp(ramp_moves, senders)
@@ -324,6 +366,9 @@ class Fabric(HostArgs):
         # Cycles 0 .. t-2 ran; cycle t-1 found every PE idle and nothing to move.
         t = max(t - 1, 0)
         self.cycle = t
+        for pe in pes:      # memory flips armed for a cycle the run reached (its PEs idle then)
+            if pe.timed_flip is not None and pe.timed_flip[0] <= t and not pe.dead:
+                pe.land_timed_flip()
         if rec is not None:
             rec.end_run(t)
         self.total_cycles += t

@@ -59,6 +59,7 @@ class PE:
         self.ecc = {"corrected": 0, "detected": 0}   # memory ECC events (wse.sim.golden.ecc)
         self.ecc_check: dict[int, int] = {}          # stored check bits of the words an injection touched
         self.dead = False                            # killed (Fabric.kill): runs nothing, takes no wavelet
+        self.timed_flip = None                       # (cycle, addr, bits): a memory flip armed at a run cycle
         self.trace: list | None = None
         self.rec: list | None = None   # events while a Recorder runs (wse.sim.golden.events)
 
@@ -139,6 +140,8 @@ class PE:
         fab = self.fabric
         self.wait = None
         if not self.running:
+            if self.timed_flip is not None and t >= self.timed_flip[0]:
+                self.land_timed_flip()
             task = self.ready_task()
             if task is None:
                 self.wait = ("idle",)
@@ -162,6 +165,15 @@ class PE:
             self.vector_element(t)
         else:
             self.run(t, t)
+
+    def land_timed_flip(self) -> None:
+        """Apply the memory flip armed at a run cycle (:meth:`Fabric.inject
+        <wse.sim.golden.fabric.Fabric.inject>` with ``cycle``): the PE runs no
+        task at or after that cycle, and nothing has read its memory since."""
+        from .ecc import inject
+        _, addr, bits = self.timed_flip
+        self.timed_flip = None
+        inject(self, addr, bits)
 
     def run(self, time: int, now: int) -> None:
         """Execute from cycle ``time`` (>= ``now``, the global cycle) until an

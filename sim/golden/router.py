@@ -27,6 +27,8 @@ from collections import deque
 
 from wse.config import FabricConfig, Port, ROUTE_INPUT_NONE, pack_wavelet, route_outputs, unpack_wavelet
 
+from . import ecc
+
 __all__ = ["PORTS", "TO_ROUTER", "TO_PE", "TO_EDGE", "TO_LINK", "Routers", "Router"]
 
 #: Router ports, in :class:`wse.config.Port` order (N, E, S, W, RAMP).
@@ -113,6 +115,13 @@ class Routers:
         #: two ends, and the routers whose PE is dead.
         self.dead_links: set[tuple[int, int]] = set()
         self.dead_pes: set[int] = set()
+        #: Link ECC (docs/architecture.md 3.7): armed flips ``{(router, port code):
+        #: (cycle, wavelet mask, check mask)}`` of the links between routers, the
+        #: current cycle while one is armed, and the corrected and detected counts
+        #: ``{(router, port code): n}`` of the link leaving ``router`` by ``port``.
+        self.link_flips: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.now = 0
+        self.link_ecc: dict[str, dict[tuple[int, int], int]] = {"corrected": {}, "detected": {}}
 
     # ------------------------------------------------------------------ route tables
     def set_route(self, x: int, y: int, color: int, input: Port | int | None, outputs) -> None:
@@ -278,6 +287,7 @@ class Routers:
         output of its route. Returns the PEs whose input queue got a wavelet."""
         pushed_rx = []
         fifo, busy_colors, active, route_targets = self.fifo, self.busy, self.active, self.route_targets
+        flips = self.link_flips
         hops = 0
         for r, c in grants:
             q = fifo[r][c]
@@ -287,7 +297,8 @@ class Routers:
             for port, kind, tgt, opp in route_targets[r][c]:
                 hops += 1
                 if kind == TO_ROUTER:
-                    fifo[tgt][c].append(wavelet)
+                    fifo[tgt][c].append(self._cross(r, port, c, wavelet) if flips and (r, port) in flips
+                                        else wavelet)
                     busy_colors[tgt].add(c)
                     active.add(tgt)
                 elif kind == TO_PE:
@@ -299,6 +310,28 @@ class Routers:
                     self.link_out[tgt] = (c, wavelet)
         self.hops += hops
         return pushed_rx
+
+    def _cross(self, r: int, port: int, color: int, wavelet: tuple) -> tuple:
+        """A wavelet crossing the armed link leaving ``r`` by ``port``: from
+        the flip's cycle on, the first one is encoded, flipped, decoded and
+        corrected at the receiver (counted), or stops the run."""
+        at, word_mask, check_mask = self.link_flips[(r, port)]
+        if self.now < at:
+            return wavelet
+        del self.link_flips[(r, port)]
+        data, ctrl = wavelet
+        word = data | color << 32 | ctrl << 37
+        received, check = word ^ word_mask, ecc.wavelet_check(word) ^ check_mask
+        fixed, status, syndrome = ecc.wavelet_decode(received, check)
+        key = (r, int(port))
+        if status == ecc.DETECTED:
+            self.link_ecc["detected"][key] = self.link_ecc["detected"].get(key, 0) + 1
+            x, y = r % self.width, r // self.width
+            dx, dy = Port(port).delta
+            raise ecc.LinkEccError(ecc.link_report(x, y, Port(port).name, x + dx, y + dy, self.now, received, check,
+                                                   syndrome))
+        self.link_ecc["corrected"][key] = self.link_ecc["corrected"].get(key, 0) + 1
+        return fixed & 0xFFFFFFFF, fixed >> 37 & 1
 
     def retire(self) -> None:
         """Forget the routers whose FIFOs are all empty."""

@@ -12,6 +12,8 @@
 //     0), all others to the PE;
 //   * links: tile (x, y)'s router output by port p feeds the input of its
 //     neighbour by the opposite port; on the boundary it is an edge port;
+//     the link ECC of hdl/link_ecc.py (LINK space, armed flips, counters, an
+//     uncorrectable wavelet stopping the run) is done here too (LinkEnd);
 //   * run control: `start` zeroes cycle, hops and the arbitration start color
 //     and sets running; a run cycle that begins with every tile idle and no
 //     edge wavelet pending ends the run, any other counts up;
@@ -44,6 +46,8 @@
 #include "Vwse_router.h"
 #include "Vwse_router___024root.h"
 #include "verilated.h"
+
+#include "link_ecc.h"
 
 #include <algorithm>
 #include <atomic>
@@ -106,6 +110,9 @@ constexpr int kOpposite[kMeshPorts] = {2, 3, 0, 1};
 constexpr int kDx[kMeshPorts] = {0, 1, 0, -1};
 constexpr int kDy[kMeshPorts] = {-1, 0, 1, 0};
 constexpr uint32_t kRouteSpace = 3;
+constexpr uint32_t kLinkSpace = 5;  // link ECC registers (hdl/link_ecc.py), address port * 8 + register
+constexpr uint32_t kCtrlSpace = 4;
+constexpr uint32_t kFlipAtAddr = 14;  // CTRL: arms a memory flip at a run cycle (wse.hdl.pe_ecc.ECC_ADDRS["flip_at"])
 constexpr double kMainShare = 0.9;  // the calling thread's part of an even share of the tiles
 
 enum Status { kIdle = 0, kSteps = 1, kCycleLimit = 2, kNoProgress = 3, kNotRunning = 4 };
@@ -174,6 +181,9 @@ struct Tile {
     uint64_t edge_payload[kMeshPorts];
     uint64_t cycle_sent;        // hops of this cycle
     bool cycle_progress;        // something moved or worked in this cycle
+    LinkEnd link_in[kMeshPorts];  // the links entering by N, E, S, W (link_ecc.h)
+    bool link_fault = false;    // some link_in latched an uncorrectable wavelet
+    bool flip_armed = false;    // a memory flip was armed at a run cycle: the PE is evaluated every cycle
 };
 
 class Mesh {
@@ -243,6 +253,8 @@ class Mesh {
                 router->eval();
             }
             t.r_low = t.p_low = false;
+            for (LinkEnd& e : t.link_in) e = LinkEnd();
+            t.link_fault = t.flip_armed = false;
             capture_router(t);
             t.pe_ready_in = t.r.rx_ready[kRamp];
             pe->tx_ready = t.pe_ready_in;
@@ -274,7 +286,10 @@ class Mesh {
             const int last = bcast ? static_cast<int>(tiles_.size()) : first + 1;
             for (int k = first; k < last; ++k) {
                 Tile& t = tiles_[k];
-                if (space == kRouteSpace) {
+                if (space == kLinkSpace) {
+                    const uint32_t got = link_host(t, addr, we, wdata[i]);
+                    if (!we) rdata[i] = got;
+                } else if (space == kRouteSpace) {
                     Vwse_router* router = t.router.get();
                     router->route_color = addr & 31;
                     if (we) {
@@ -291,6 +306,7 @@ class Mesh {
                     }
                 } else {
                     Vwse_pe* pe = t.pe.get();
+                    if (we && space == kCtrlSpace && addr == kFlipAtAddr) t.flip_armed = true;
                     pe->host_stb = 1;
                     pe->host_sel = 1;
                     pe->host_we = we;
@@ -306,6 +322,20 @@ class Mesh {
             }
             if (we) rdata[i] = 0;
         }
+    }
+
+    // The LINK space of tile t (link_ecc.h): counters and report of the link
+    // entering by the port, the flip of the link leaving by it (write only).
+    uint32_t link_host(Tile& t, uint32_t addr, bool we, uint32_t wdata) {
+        const uint32_t port = addr >> 3, reg = addr & 7;
+        if (port >= kMeshPorts) return 0;
+        if (!we) return link_read(t.link_in[port], reg);
+        const int nb = t.neighbour[port];
+        if (link_write(t.link_in[port], nb < 0 ? nullptr : &tiles_[nb].link_in[kOpposite[port]], reg, wdata)) {
+            t.link_fault = false;
+            for (const LinkEnd& o : t.link_in) t.link_fault |= o.fault;
+        }
+        return 0;
     }
 
     // ---------------------------------------------------------------- edges
@@ -484,7 +514,7 @@ class Mesh {
             }
             s.sent = t.r.sent;
         }
-        s.p_active = !t.p.idle;
+        s.p_active = !t.p.idle || t.flip_armed;
         if (s.p_active) {
             if (apply_pe_ready(t)) {
                 Vwse_pe* m = t.pe.get();
@@ -513,6 +543,9 @@ class Mesh {
                 const Sends& from = tiles_[nb].s;
                 in_valid[p] = from.r_active && from.r_valid[kOpposite[p]];
                 in_payload[p] = from.r_payload[kOpposite[p]];
+                if (in_valid[p] && t.link_in[p].armed && link_cross(t.link_in[p], cycle, in_valid[p], in_payload[p])) {
+                    t.link_fault = true;  // an uncorrectable wavelet: the run stops
+                }
             } else {
                 in_valid[p] = t.edge_valid[p];
                 in_payload[p] = t.edge_payload[p];
@@ -530,6 +563,7 @@ class Mesh {
 
         if (s.p_active || router_delivers) {
             Vwse_pe* m = t.pe.get();
+            m->clock = static_cast<uint32_t>(cycle);
             m->rx_valid = router_delivers;
             m->rx_payload = s.r_payload[kRamp];
             clock_pe(t);
@@ -558,8 +592,11 @@ class Mesh {
 
     bool run_one_cycle() {
         const uint64_t t = run_cycle_;
-        bool all_idle = true;
-        for (const Tile& tile : tiles_) all_idle &= tile.r.idle && tile.p.idle;
+        bool all_idle = true, link_fault = false;
+        for (const Tile& tile : tiles_) {
+            all_idle &= tile.r.idle && tile.p.idle;
+            link_fault |= tile.link_fault;
+        }
         const bool pending = queued_total_ > 0;
 
         parallel([this](Tile& tile) { settle(tile); });
@@ -603,7 +640,7 @@ class Mesh {
         hops_ += sent;
         ++run_cycle_;
         ++run_cycles_;
-        if (all_idle && !pending) {
+        if ((all_idle && !pending) || link_fault) {  // an uncorrectable wavelet stops the run
             running_ = false;
             for (Tile& tile : tiles_) tile.pe->enable = 0;
         } else {
