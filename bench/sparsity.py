@@ -16,6 +16,9 @@ lines:
 * ``imbalance``: non-zeros of the most loaded mesh row over the mean, for a
   power-law mask (features dealt sorted, serpentine round robin) and for a
   plain block deal of the same mask (target: at most 1.05);
+* ``breakdown`` (``--breakdown S``, alone): the large layer's three phases,
+  dense and at sparsity ``S``: cycles, each PE's stall-free cycles (mean,
+  max) and the share spent waiting on other PEs;
 * ``training step`` (``--step``, default on): one training step of sparse
   weight streaming as ``wse train --sparsity`` compiles it (``train.s``'s
   ``spgemm`` and ``spwgrad`` records), cycles per group of phases (forward,
@@ -93,6 +96,40 @@ def training_rows(name: str, model, example, cfg: FabricConfig, batch: int, mask
     return rows
 
 
+def breakdown_rows(cfg: FabricConfig, size: int, tokens: int, sparsity: float) -> None:
+    """JSON rows of where the large layer's step goes at ``sparsity`` (``--breakdown``): per phase, dense
+    and sparse, the cycles, each PE's cycles without stalls (mean, max; from the timing mirror) and the
+    share of the cycles spent waiting (cycles over the mean stall-free count, minus 1)."""
+    import torch
+
+    from wse.firmware.timing_ops import BUSY, RECV, VEC
+    from wse.host.compiler.frontend import trace
+    from wse.host.compiler.sparse import layer_masks
+    from wse.host.compiler.weight_streaming import plan
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, size), torch.nn.ReLU(), torch.nn.Linear(size, size),
+                                torch.nn.ReLU(), torch.nn.Linear(size, 16))
+    big = cfg.replace(sram_words=max(cfg.sram_words, 32768))
+    masks = layer_masks({"2.weight": model.state_dict()["2.weight"].numpy()}, sparsity, "magnitude")
+    graph = trace(model, torch.zeros(tokens, 16), loss="cross_entropy")
+    for label, m in (("dense", {}), (sparsity, masks)):
+        p = plan(graph, big, tokens, m)
+        for name in ("fwd 2", "bwd-data 2", "bwd-weight 2"):
+            phase = p.phases[name]
+            ops, starts, ends = cycle_model.phase_ops(p, phase)
+            free = []
+            for a, b in zip(starts, ends):
+                o = ops[a:b]
+                free.append(int(o[o[:, 0] == BUSY, 1].sum() + (o[:, 0] == RECV).sum()
+                                + (o[o[:, 0] == VEC, 1] + 1).sum()))
+            cycles = cycle_model.replay(cycle_model.Network(p.config, p.routes), ops, starts, ends,
+                                        cycle_model.phase_injections(phase))
+            _emit({"bench": "sparsity", "kind": "breakdown", "layer": f"{size}x{size}", "sparsity": label,
+                   "phase": name, "cycles": cycles, "stall_free_mean": round(float(np.mean(free))),
+                   "stall_free_max": max(free), "wait_share": round(cycles / np.mean(free) - 1, 4)})
+
+
 def dense_forward_cycles(cfg: FabricConfig, size: int, tokens: int) -> int:
     """Cycles of the weight-streaming forward phase of a ``size x size`` layer."""
     import torch
@@ -161,10 +198,16 @@ def main() -> None:
                         help="skip FC-MNIST's training-step rows")
     parser.add_argument("--no-kernel", dest="kernel", action="store_false",
                         help="skip the library kernel's rows (the forward GEMM alone and the imbalance)")
+    parser.add_argument("--breakdown", type=float, default=None, metavar="S",
+                        help="only the large layer's phases at sparsity S and dense: cycles, stall-free "
+                             "cycles per PE and the share spent waiting")
     args = parser.parse_args()
     width, height = parse_mesh(args.mesh)
     cfg = FabricConfig(width=width, height=height, sram_words=16384)
     size, tokens = args.size, args.tokens_per_pe * width
+    if args.breakdown is not None:
+        breakdown_rows(cfg, size, tokens, args.breakdown)
+        return
     layer = {"bench": "sparsity", "layer": f"{size}x{size}", "mesh": cfg.mesh, "tokens": tokens}
 
     sparsities = [float(v) for v in args.sparsities.split(",")]

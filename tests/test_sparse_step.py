@@ -3,6 +3,8 @@ section 13): the compiler's sparse forward phases (``train.s``'s ``spgemm``
 record, index/value streams with carriage returns), functional = golden bit
 for bit on whole steps, the static cycle model = golden cycles, PE by PE."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -117,8 +119,13 @@ def test_sparse_forward_streams_only_kept_weights_and_equals_dense_on_masked_wei
         kept = masks.get(k, np.ones(a.grads[k].shape, bool))
         assert np.array_equal(a.grads[k][kept].view(np.uint32), b.grads[k][kept].view(np.uint32)), k
         assert not a.grads[k][~kept].view(np.uint32).any(), k
+    # at 2 tokens per PE and 1 to 2 non-zeros per step the per-step costs dominate; on a wider layer the
+    # sparse forward is the cheaper one
+    model = mlp(64, 48, 5)
+    exe, _, _ = sparse_setup(model, 12, (3, 3), 0.9)
+    dense = sparse.compile_sparse(model, torch.zeros(12, 64), batch=12, masks={}, config=FabricConfig(width=3, height=3))
     fwd = [name for name in exe.sequences["train"] if name.startswith("fwd")]
-    assert sum(exe.phases[n].cycles for n in fwd) < sum(dense.phases[n].cycles for n in fwd)
+    assert sum(exe.phases[n].cycles for n in fwd) < 0.5 * sum(dense.phases[n].cycles for n in fwd)
 
 
 def test_sparse_mapping_errors():
@@ -133,10 +140,13 @@ def test_sparse_mapping_errors():
         sparse.compile_sparse(model, torch.zeros(8, 13), batch=8, config=cfg, masks={"0.bias": np.ones(11)})
 
 
-@pytest.mark.parametrize("backend", ["verilator", "vector"])
+icarus = pytest.mark.skipif(shutil.which("iverilog") is None, reason="iverilog is not installed")
+
+
+@pytest.mark.parametrize("backend", ["verilator", "vector", pytest.param("icarus", marks=[icarus, pytest.mark.slow])])
 def test_sparse_step_on_the_rtl_and_vector_model_equals_functional_and_cycles(backend):
     """One sparse training step (sparse forward, input and weight gradients) on the
-    Verilator RTL and on the vectorized fabric model."""
+    Verilator RTL, on the vectorized fabric model and (slow) on the Icarus RTL under cocotb."""
     exe, masks, weights = sparse_setup(mlp(9, 7, 4), 4, (2, 2), 0.5)
     rng = np.random.default_rng(2)
     x, y = rng.standard_normal((4, 9)).astype(np.float32), rng.integers(0, 4, 4)

@@ -56,9 +56,10 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
                 ("tmem", DSD), ("rout", DSD), ("rin", DSD), ("mem", DSD), ("m", DSD), ("s", DSD),
                 ("inv", DSD), ("tmp", DSD), ("two", DSD), ("zn", DSD), ("fn", DSD), ("rn", DSD),
                 ("onehot", DSD), ("scale", DSD), ("dz", DSD)),
-    # The sparse streamed GEMM of a masked layer (section 13 of docs/weight_streaming.md); followed by
-    # the table steps[n]: per output step, (non-zeros of this row << 2) | ring kind (SPARSE_KINDS).
-    "spgemm": (("t", "word"), ("acc", DSD), ("zero", DSD), ("x", DSD), ("w", DSD), ("out", DSD),
+    # The sparse streamed GEMM of a masked layer (section 13 of docs/weight_streaming.md); ``b`` steps
+    # per block (partials of a block, then its ring operations), ``acc`` the first of b slots of t words;
+    # followed by the table steps[n]: per output step, (non-zeros of this row << 2) | ring kind (SPARSE_KINDS).
+    "spgemm": (("t", "word"), ("b", "word"), ("acc", DSD), ("zero", DSD), ("x", DSD), ("w", DSD), ("out", DSD),
                ("inp", DSD), ("y", DSD)),
     # The weight gradients of a masked layer; followed by the table counts[H] (outputs per rotation
     # step) and, per output in rotation order, the kept weights of this row (read by the cycle model);
@@ -70,7 +71,7 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 #: The ring kinds of a sparse step, as the ``steps`` table of an ``spgemm`` record codes them; the
-#: carriage return that ends the step's non-zeros carries ``-(kind + 1)``, and ``-5`` ends the stream.
+#: ring part of a block names each step's kind as ``-(kind + 1)`` (``train.s``'s ``spgemm``).
 SPARSE_KINDS = {"first": 0, "mid": 1, "last": 2, "only": 3}
 
 #: The prefix of each kind's offset constants in ``train.s``.

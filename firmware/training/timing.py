@@ -28,7 +28,7 @@ from wse.firmware.timing_ops import BUSY, END, OP_FIELDS, RECV, VEC, OpRows
 
 from . import records as rec
 
-__all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops"]
+__all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops", "spwgrad_items"]
 
 
 # Dispatch cost of each kind: ld 2 + beq 1 + (li, beq) per kind tested before it.
@@ -135,45 +135,63 @@ def _sgemm(ops: OpRows, f: dict) -> None:
 
 def _spgemm(ops: OpRows, f: dict, steps: list[int]) -> None:
     """``spgemm``: per step ``(count << 2) | kind`` of the record's table
-    (:data:`~.records.SPARSE_KINDS`), the non-zeros, the carriage return, the ring operation."""
-    T, w = f["t"], _color(f["w"])
+    (:data:`~.records.SPARSE_KINDS`); blocks of ``b`` steps, each the steps'
+    non-zeros (each step closed by a marker), then the block's ring operations."""
+    T, w, block = f["t"], _color(f["w"]), max(f["b"], 1)
     c_out, c_in = _color(f["out"]), _color(f["inp"])
-    turn = [(RECV, w, 0, 0, 0, 0), (BUSY, 2, 0, 0, 0, 0), (VEC, T, w, -1, -1, T)]
-    loop = np.array(turn * 4 + [(BUSY, 1, 0, 0, 0, 0)], dtype=np.int64)     # four turns, jmp sp_nz
+    pair = [(RECV, w, 0, 0, 0, 0), (BUSY, 1, 0, 0, 0, 0), (VEC, T, w, -1, -1, T)]    # recv, setb, fmacw
+    group = np.array([(RECV, w, 0, 0, 0, 0), (BUSY, 2, 0, 0, 0, 0), (VEC, T, w, -1, -1, T)] + pair * 3
+                     + [(BUSY, 1, 0, 0, 0, 0)], dtype=np.int64)            # blt, setb on the first; jmp spc_nz
+    tails = [np.array(pair * r, dtype=np.int64).reshape(-1, 6) for r in range(4)]
     first, mid, last, _ = (rec.SPARSE_KINDS[k] for k in ("first", "mid", "last", "only"))
-    ops.busy(2 + 7 * 2 + 3)                               # ld, 7 ldsd, 3 li
-    for code in steps:
-        n, kind = code >> 2, code & 3
-        ops.recv(w)                                       # an index, or the carriage return
-        if n:
-            ops.busy(2)                                   # blt, setb
-            ops.recv(w)
-            ops.busy(T + 1)                               # fmacs (memory)
-            laps, rest = divmod(n - 1, 4)
-            rows = np.concatenate([np.tile(loop, (laps, 1)), loop[:3 * rest]])
-            if len(rows) and not rest:                    # ends with the jmp: a BUSY row
-                ops.block(rows[:-1])
-                ops.busy(1)
+    ops.busy(2 * 2 + 7 * 2 + 5 + 1)                       # 2 ld, 7 ldsd, 5 li, jmp
+    for b0 in range(0, len(steps), block):
+        codes = steps[b0:b0 + block]
+        for code in codes:                                # the compute part
+            n = code >> 2
+            ops.recv(w)                                   # the first index, or -2
+            if n:
+                ops.busy(2)                               # blt, setb
+                ops.recv(w)
+                ops.busy(T + 1)                           # fmacs (memory)
+                groups, rest = divmod(n - 1, 4)
+                if groups:
+                    rows = np.tile(group, (groups, 1))
+                    ops.block(rows[:-1])
+                    ops.busy(1)
+                ops.recv(w)                               # -(rest + 1)
+                ops.busy(1 + (1, 2, 3, 3)[rest])          # blt (taken), the tail's branches
+                if rest:
+                    ops.block(tails[rest])
+                ops.busy(1)                               # addb
             else:
-                ops.block(rows)
-            ops.recv(w)                                   # the carriage return
-        ops.busy(1)                                       # blt r1, r0 (taken)
-        branches = {mid: 1, first: 3, last: 3}.get(kind, 2) + (0 if n or kind == mid else 1)
-        ops.busy(branches)
-        if kind == mid:
-            ops.vec(T, in1=c_in, out=c_out)
-        elif kind == first:
-            ops.recv(w)                                   # the bias word
-            ops.vec(T, out=c_out)
-        elif kind == last:
-            ops.vec(T, in1=c_in)
-            ops.busy(1)                                   # addb
-        else:                                             # only: the bias word, fadds to memory, addb
-            ops.recv(w)
-            ops.busy(T + 1 + 1)
-        ops.busy(1)                                       # jmp sp_step
-    ops.recv(w)                                           # the end of the stream
-    ops.busy(1 + 2)                                       # blt (taken), beq, blt (taken)
+                ops.busy(2 + T + 1 + 2)                   # blt, bne; fmov (memory); jmp, addb
+        ops.recv(w)                                       # -3: the ring part
+        ops.busy(4)                                       # blt, bne (taken), setb, jmp
+        for code in codes:                                # the ring part
+            kind = code & 3
+            ops.recv(w)                                   # the ring kind
+            if kind == mid:
+                ops.busy(1)                               # beq (taken)
+                ops.vec(T, in1=c_in, out=c_out)
+                ops.busy(1)                               # addb
+            elif kind == first:
+                ops.busy(2)
+                ops.recv(w)                               # the bias word
+                ops.vec(T, out=c_out)
+                ops.busy(2)                               # addb, jmp
+            elif kind == last:
+                ops.busy(3)
+                ops.vec(T, in1=c_in)
+                ops.busy(3)                               # addb, addb, jmp
+            else:                                         # only: the bias word, fadds to memory
+                ops.busy(4)
+                ops.recv(w)
+                ops.busy(T + 1 + 3)                       # fadds, addb, addb, jmp
+        ops.recv(w)                                       # -5 or -6
+        ops.busy(4 + 1 + 1)                               # 3 beq, blt (taken), setb, beq
+        if b0 + block >= len(steps):
+            ops.busy(1)                                   # jmp op_done
 
 
 def _rotate(ops: OpRows, f: dict, words_out: int, words_in: int, setup: int) -> None:
@@ -218,46 +236,76 @@ def _wgrad(ops: OpRows, f: dict, counts: list[int]) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
+def spwgrad_items(counts: list[int], kept: list[int], bias: bool, cap: int) -> list[list[tuple]]:
+    """What a row's ``spwgrad`` stream holds, per rotation step: ``("out", n, b)``
+    for an output with ``n`` kept weights on the row (``b``: its bias partial
+    comes first, step 0 with a bias) and ``("chain", N)`` for a row chain of G's
+    first ``N`` words, placed before an output that would not fit in the ``cap``
+    words of G, and after the last output. ``counts[s]`` outputs at step ``s``,
+    ``kept`` their kept weights in rotation order. The stream builder
+    (``ws_phases``) and the cycle mirror both follow this list."""
+    steps, used, at = [], 0, 0
+    for s, n_out in enumerate(counts):
+        items = []
+        for n in kept[at:at + n_out]:
+            b = bool(bias and s == 0)
+            if used + n + b > cap:
+                items.append(("chain", used))
+                used = 0
+            items.append(("out", n, b))
+            used += n + b
+        at += n_out
+        if s == len(counts) - 1 and used:
+            items.append(("chain", used))
+        steps.append(items)
+    return steps
+
+
 def _spwgrad(ops: OpRows, f: dict, table: list[int]) -> None:
     """``spwgrad``: ``table`` is ``counts[H]`` (outputs per rotation step), then
-    the kept weights of this row per output, in rotation order."""
-    T, H, bias = f["t"], f["h"], f["bias"]
+    the kept weights of this row per output, in rotation order; the stream's
+    markers follow :func:`spwgrad_items`."""
+    T, H, bias, cap = f["t"], f["h"], f["bias"], f["gall"][2]
     w, e_in, e_out = _color(f["w"]), _color(f["ein"]), _color(f["eout"])
-    counts, kept = table[:H], iter(table[H:])
-    per_weight = 2 + (T + 1) + 1                          # blt, setb; fmacw (memory); addb
-    loop = np.array([(RECV, w, 0, 0, 0, 0), (BUSY, per_weight, 0, 0, 0, 0)] * 3
-                    + [(RECV, w, 0, 0, 0, 0), (BUSY, per_weight + 1, 0, 0, 0, 0)], dtype=np.int64)  # unrolled, jmp
-    ops.busy(6 * 2 + 1 + 2 * 2 + f["gall"][2] + 1 + 2 * 2 + 2)   # 6 ld, addi, 2 ldsd, fmov G, 2 ldsd, 2 li
-    for s in range(H):
-        n_out = counts[s]
+    counts = table[:H]
+    weight = [(RECV, w, 0, 0, 0, 0), (BUSY, T + 3, 0, 0, 0, 0)]           # recv; setb, fmacw (memory), addb
+    group = np.array([(RECV, w, 0, 0, 0, 0), (BUSY, 1 + T + 3, 0, 0, 0, 0)] + weight * 2
+                     + [(RECV, w, 0, 0, 0, 0), (BUSY, T + 3 + 1, 0, 0, 0, 0)], dtype=np.int64)  # blt first; jmp
+    tails = [np.array(weight * r, dtype=np.int64).reshape(-1, 6) for r in range(4)]
+    ops.busy(6 * 2 + 1 + 2 * 2 + cap + 1 + 2 * 2 + 2)    # 6 ld, addi, 2 ldsd, fmov G, 2 ldsd, 2 li
+    for s, items in enumerate(spwgrad_items(counts, table[H:], bias, cap)):
         ops.busy(4)                                       # add, ld, bge
         if s < H - 1:
-            _rotate(ops, f, n_out * T, counts[s + 1] * T, 20)
-        ops.busy(1)                                       # beq no outputs
-        if n_out:
-            ops.busy(7)                                   # the dy and chain descriptors
-        for _ in range(n_out):
-            n = next(kept)
-            if n:                                         # per kept weight: recv, then its private cycles
-                laps, rest = divmod(n, 4)
-                rows = np.concatenate([np.tile(loop, (laps, 1)), loop[:2 * rest]])
-                ops.block(rows[:-1])
-                ops.busy(int(rows[-1, 1]))
-            ops.recv(w)                                   # the carriage return
-            ops.busy(4)                                   # blt, sub, addi, bne
-            length = n
-            if s == 0:
-                ops.busy(3)                               # ld bias, beq
-                if bias:
-                    ops.busy(T + 5)                       # li, fsum, add, st, addi
-                    length += 1
-            ops.busy(1)                                   # beq nothing here
-            if length:
-                ops.busy(5)                               # ldsd, three setl
-                ops.vec(length, in1=e_in, out=e_out)
-                ops.busy(1 + length + 1)                  # setl, fmov G back to +0
-            ops.busy(6)                                   # ldsd, addb, add, addi, bne
-        ops.busy(5)                                       # 3 add, addi, bge
+            _rotate(ops, f, counts[s] * T, counts[s + 1] * T, 20)
+        ops.busy(2 + 1 + 4 + 1)                           # ldsd, setb, 4 li, jmp
+        for item in items:
+            if item[0] == "out":
+                n, b = item[1], item[2]
+                if b:
+                    ops.recv(w)                           # -5
+                    ops.busy(4 + 1 + T + 1 + 2 + 1 + 1)   # blt, blt, addi, bne; li, fsum, fadds, addb, jmp
+                groups, rest = divmod(n, 4)
+                if groups:
+                    rows = np.tile(group, (groups, 1))
+                    ops.block(rows[:-1])
+                    ops.busy(int(rows[-1, 1]))
+                ops.recv(w)                               # -(rest + 1)
+                ops.busy(2 + (1, 2, 3, 3)[rest])          # blt, blt, the tail's branches
+                if rest:
+                    rows = tails[rest]
+                    ops.block(rows[:-1])
+                    ops.busy(int(rows[-1, 1]))
+                ops.busy(1)                               # addb d7
+            else:
+                N = item[1]
+                ops.recv(w)                               # -6
+                ops.busy(5)                               # blt, blt, addi, bne, bne
+                ops.recv(w)                               # N
+                ops.busy(3 * 2 + 3)                       # 3 ldsd, 3 setl
+                ops.vec(N, in1=e_in, out=e_out)
+                ops.busy(N + 1 + 1 + 1)                   # fmov G back to +0, setb, jmp
+        ops.recv(w)                                       # -7
+        ops.busy(5 + 5)                                   # blt, blt, addi, bne, bne; 3 add, addi, bge
     ops.busy(1)                                           # jmp op_done
 
 

@@ -233,19 +233,26 @@ sgs_ring:
 
 ; ---------------------------------------------------------------------------
 ; spgemm: the sparse streamed GEMM of a masked layer (docs/weight_streaming.md
-; section 13): sgemm's rounds and ring, but the row's stream holds only the
+; section 13): sgemm's steps and ring, but the row's stream holds only the
 ; non-zeros of each output, as index/value pairs (the index is the address of
-; the feature's token block here), then a carriage return (a control wavelet)
-; naming the step's ring operation: -1 FIRST (a bias word follows: send
-; add(acc, b)), -2 MID (send add(in, acc)), -3 LAST (store add(in, acc) in the
-; next y slot), -4 ONLY (one row: a bias word follows, store add(acc, b));
-; -5 ends the stream. A step without a non-zero here runs its ring operation
-; on the zero block: no weight that is not there is multiplied. The trailing
-; table (steps) describes the stream for the cycle model; this code does not
-; read it.
-;   r3 T, r11 -2, r12 -3, r13 -4
+; the feature's token block here), and the steps run in blocks: first every
+; step's partial of a block, each into its own slot of T words (so that a row
+; with more non-zeros in one step catches up in the next instead of holding
+; up the ring), then the block's ring operations, one per step in order.
+; Compute part, per step: the first pair, then groups of four pairs, then
+; -(r + 1) and the last r < 4 pairs (only the group's first index is tested);
+; or -2 alone (a step without a non-zero here: its slot is set to +0); -3
+; ends the part.
+; Ring part, per step: -1 FIRST (a bias word follows: send add(acc, b)), -2
+; MID (send add(in, acc)), -3 LAST (store add(in, acc) in the next y slot),
+; -4 ONLY (one row: a bias word follows, store add(acc, b)); then -5 (the
+; next block) or -6 (the end of the stream). No weight that is not there is
+; multiplied. The trailing table (steps) and the field b (steps per block)
+; describe the stream for the cycle model; this code does not read them.
+;   r3 T, r9 -5, r10 -4, r11 -1, r12 -2, r13 -3, r14 the first slot
 spgemm:
         ld      r3, SP_T(r15)
+        ld      r14, SP_ACC(r15)        ; the first slot (setb takes the low 16 bits)
         ldsd    d0, SP_ACC(r15)
         ldsd    d1, SP_X(r15)
         ldsd    d2, SP_INP(r15)
@@ -253,72 +260,85 @@ spgemm:
         ldsd    d4, SP_W(r15)
         ldsd    d5, SP_ZERO(r15)
         ldsd    d6, SP_Y(r15)
-        li      r11, -2
-        li      r12, -3
-        li      r13, -4
-sp_step:
+        li      r9, -5
+        li      r10, -4
+        li      r11, -1
+        li      r12, -2
+        li      r13, -3
+        jmp     spc_step
+spc_tail:                               ; -(r + 1): r more non-zeros, then the step ends
+        beq     r1, r11, spc_done
+        beq     r1, r12, spc_t1
+        beq     r1, r13, spc_t2
         recv    r1, C_W
-        blt     r1, r0, sp_cr_zero
+        setb    d1, r1
+        fmacw   d0, d1, d4
+spc_t2:
+        recv    r1, C_W
+        setb    d1, r1
+        fmacw   d0, d1, d4
+spc_t1:
+        recv    r1, C_W
+        setb    d1, r1
+        fmacw   d0, d1, d4
+spc_done:
+        addb    d0, r3                  ; the next slot
+spc_step:
+        recv    r1, C_W                 ; the step's first index, or a marker
+        blt     r1, r0, spc_mark
         setb    d1, r1
         recv    r8, C_W
         fmacs   d0, d5, d1, r8          ; acc = +0 + x[k] * w
-sp_nz:
-        recv    r1, C_W
-        blt     r1, r0, sp_cr_acc
+spc_nz:
+        recv    r1, C_W                 ; a group's first index, or the tail's marker
+        blt     r1, r0, spc_tail
         setb    d1, r1
         fmacw   d0, d1, d4              ; acc += x[k] * w, w popped from the stream
         recv    r1, C_W
-        blt     r1, r0, sp_cr_acc
         setb    d1, r1
         fmacw   d0, d1, d4
         recv    r1, C_W
-        blt     r1, r0, sp_cr_acc
         setb    d1, r1
         fmacw   d0, d1, d4
         recv    r1, C_W
-        blt     r1, r0, sp_cr_acc
         setb    d1, r1
         fmacw   d0, d1, d4
-        jmp     sp_nz
-sp_cr_acc:
-        beq     r1, r11, spa_mid
-        blt     r1, r12, spa_only
-        beq     r1, r12, spa_last
-        recv    r8, C_W                 ; FIRST
-        fadds   d3, d0, r8
-        jmp     sp_step
-spa_mid:
-        fadd    d3, d2, d0
-        jmp     sp_step
-spa_last:
-        fadd    d6, d2, d0
-        addb    d6, r3
-        jmp     sp_step
-spa_only:
-        recv    r8, C_W
+        jmp     spc_nz
+spc_mark:
+        bne     r1, r12, spr_start      ; -3: the ring part
+        fmov    d0, d5                  ; -2: no non-zero here, the slot is +0
+        jmp     spc_done
+spr_start:
+        setb    d0, r14
+        jmp     spr_step
+spr_mid:
+        fadd    d3, d2, d0              ; send add(in, acc)
+        addb    d0, r3
+spr_step:
+        recv    r1, C_W                 ; the ring kind
+        beq     r1, r12, spr_mid
+        beq     r1, r11, spr_first
+        beq     r1, r13, spr_last
+        blt     r1, r10, spr_end
+        recv    r8, C_W                 ; ONLY
         fadds   d6, d0, r8
         addb    d6, r3
-        jmp     sp_step
-sp_cr_zero:
-        beq     r1, r11, spz_mid
-        blt     r1, r13, op_done        ; the end of the stream
-        blt     r1, r12, spz_only
-        beq     r1, r12, spz_last
-        recv    r8, C_W                 ; FIRST
-        fadds   d3, d5, r8
-        jmp     sp_step
-spz_mid:
-        fadd    d3, d2, d5
-        jmp     sp_step
-spz_last:
-        fadd    d6, d2, d5
-        addb    d6, r3
-        jmp     sp_step
-spz_only:
+        addb    d0, r3
+        jmp     spr_step
+spr_first:
         recv    r8, C_W
-        fadds   d6, d5, r8
+        fadds   d3, d0, r8              ; send add(acc, b)
+        addb    d0, r3
+        jmp     spr_step
+spr_last:
+        fadd    d6, d2, d0              ; store add(in, acc)
         addb    d6, r3
-        jmp     sp_step
+        addb    d0, r3
+        jmp     spr_step
+spr_end:
+        setb    d0, r14
+        beq     r1, r9, spc_step        ; -5: the next block
+        jmp     op_done                 ; -6: the end of the stream
 
 ; ---------------------------------------------------------------------------
 ; wgrad: weight (and bias) gradients of one layer.
@@ -423,14 +443,19 @@ wg_next:
 ; of the deltas and its row chain, but only the kept weights' gradients are
 ; computed and leave the mesh. MemoryX sends the mask as indices on C_W
 ; (multicast along the row): per output o of the held block, the address of
-; x[k] (feature-major, T words) of every kept weight W[o, k] of this row, then
-; a carriage return -(n + 1), n the number of them. G starts at +0; per index
+; x[k] (feature-major, T words) of every kept weight W[o, k] of this row, each
+; into the next word of G (G starts at +0):
 ;   G[m] += x[k][t] * dy[o][t], t = 0 .. T-1    (fmacw, a one-word accumulator)
-; (wgrad's order for that weight: +0 + x[k][0]*dy[o][0] + ...), at step 0 with
-; a bias G[n] = the bias partial; then east = west + G[0 .. n(+1)) and those
-; words back to +0 (nothing when there is none).
+; (wgrad's order for that weight: +0 + x[k][0]*dy[o][0] + ...), in groups of
+; four (only a group's first index is tested), then -(r + 1) and the last
+; r < 4 of them, and the next output follows. Before an output's indices, -5
+; (step 0 with a bias): the next word of G is the bias partial. -6 and a
+; count N: the row chain of G's first N words, east = west + G, and those
+; words back to +0 (MemoryX sends it when the next output would not fit, and
+; at the end). -7: the end of the rotation step.
 ;   r3 T, r4 1, r5 current block (moving pointer), r6 receive buffer, r7 other
-;   buffer, r9 s, r10 outputs left, r13 &G, r14 H-1
+;   buffer, r9 s, r2 -3, r10 -4, r11 -1, r12 -2 (after the rotation), r13 &G,
+;   r14 H-1
 spwgrad:
         ld      r3, SW_T(r15)
         ld      r13, SW_GA(r15)
@@ -471,59 +496,74 @@ swg_recv_first:
         fmov    d7, d6
         fmov    d4, d5
 swg_compute:
-        beq     r10, r0, swg_next
         ldsd    d7, SW_DYO(r15)
-        setb    d7, r5                  ; dy[o][0 ..]
-        ldsd    d5, SW_EOUT(r15)
-        ldsd    d6, SW_EIN(r15)
-swg_nz:
+        setb    d7, r5                  ; dy[o][0 ..] of the block's first output
+        li      r2, -3
+        li      r10, -4
+        li      r11, -1
+        li      r12, -2
+        jmp     swg_nz
+swg_tail:                               ; a marker
+        blt     r1, r10, swg_other
+        beq     r1, r11, swg_out        ; -(r + 1): r more kept weights, then the next output
+        beq     r1, r12, swg_t1
+        beq     r1, r2, swg_t2
         recv    r1, C_W
-        blt     r1, r0, swg_cr
+        setb    d3, r1
+        fmacw   d0, d3, d7
+        addb    d0, r4
+swg_t2:
+        recv    r1, C_W
+        setb    d3, r1
+        fmacw   d0, d3, d7
+        addb    d0, r4
+swg_t1:
+        recv    r1, C_W
+        setb    d3, r1
+        fmacw   d0, d3, d7
+        addb    d0, r4
+swg_out:
+        addb    d7, r3                  ; the next output's deltas
+swg_nz:
+        recv    r1, C_W                 ; a group's first index, or a marker
+        blt     r1, r0, swg_tail
         setb    d3, r1
         fmacw   d0, d3, d7              ; G[m] += x[k][t] * dy[o][t]
         addb    d0, r4
         recv    r1, C_W
-        blt     r1, r0, swg_cr
         setb    d3, r1
         fmacw   d0, d3, d7
         addb    d0, r4
         recv    r1, C_W
-        blt     r1, r0, swg_cr
         setb    d3, r1
         fmacw   d0, d3, d7
         addb    d0, r4
         recv    r1, C_W
-        blt     r1, r0, swg_cr
         setb    d3, r1
         fmacw   d0, d3, d7
         addb    d0, r4
         jmp     swg_nz
-swg_cr:
-        sub     r11, r0, r1
-        addi    r11, r11, -1            ; n
-        bne     r9, r0, swg_chain
-        ld      r12, SW_BIAS(r15)
-        beq     r12, r0, swg_chain
-        li      r12, 0
-        fsum    r12, d7                 ; the bias partial: 0 + dy[o][0] + ...
-        add     r2, r13, r11
-        st      r12, 0(r2)
-        addi    r11, r11, 1
+swg_other:
+        addi    r1, r1, 4
+        bne     r1, r11, swg_chain
+        li      r8, 0                   ; -5: the bias partial 0 + dy[o][0] + ...
+        fsum    r8, d7
+        fadds   d0, d1, r8              ; G[m] = +0 + r8 (r8, summed from +0, is never -0)
+        addb    d0, r4
+        jmp     swg_nz
 swg_chain:
-        beq     r11, r0, swg_done       ; no kept weight of this output here
-        ldsd    d0, SW_G(r15)
-        setl    d0, r11
-        setl    d5, r11
-        setl    d6, r11
-        fadd    d5, d6, d0              ; east = west + G
-        setl    d1, r11
-        fmov    d0, d1                  ; G back to +0
-swg_done:
-        ldsd    d0, SW_G(r15)
-        addb    d7, r3
-        add     r5, r5, r3
-        addi    r10, r10, -1
-        bne     r10, r0, swg_nz
+        bne     r1, r12, swg_next       ; -7: the end of the rotation step
+        recv    r8, C_W                 ; -6: N
+        ldsd    d5, SW_EOUT(r15)
+        ldsd    d6, SW_EIN(r15)
+        ldsd    d2, SW_GALL(r15)
+        setl    d5, r8
+        setl    d6, r8
+        setl    d2, r8
+        fadd    d5, d6, d2              ; east = west + G
+        fmov    d2, d1                  ; G back to +0
+        setb    d0, r13
+        jmp     swg_nz
 swg_next:
         add     r5, r6, r0              ; the received block is the next one
         add     r6, r7, r0

@@ -143,30 +143,23 @@ def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x:
         c_in, c_out = ring_colors(i, H)
         for j in range(ctx.columns):
             records[i][j] = rec.encode("spgemm", dict(
-                t=T, acc=rec.dsd_mem(ctx.addr("acc"), T), zero=rec.dsd_mem(ctx.zero, T, 0), x=rec.dsd_mem(0, T),
+                t=T, b=block, acc=rec.dsd_mem(slots, T), zero=rec.dsd_mem(ctx.zero, T, 0), x=rec.dsd_mem(0, T),
                 w=rec.dsd_fabin(C_W, 0), out=rec.dsd_fabout(c_out, T), inp=rec.dsd_fabin(c_in, T),
                 y=rec.dsd_mem(ctx.addr(y), T)), table=(counts << 2 | kinds).tolist())
-        # the pool: weight (, bias), +0, -0, then the words: carriage returns -1..-5, feature addresses
-        words = np.array([-1, -2, -3, -4, _CR_END] + [xa + l * T for l in range(len(feats))],
-                         dtype=np.int64).astype(np.uint32)
-        w0 = n_pool + 2
-        gather, ctrl = [], []
-        for s, (out, kind) in enumerate(zip(o.tolist(), kinds.tolist())):
-            local = np.flatnonzero(kept[s])
-            pairs = np.empty(2 * len(local), dtype=np.int64)
-            pairs[0::2] = w0 + 5 + local
-            pairs[1::2] = feats[local] * layer.k + out if transposed else out * layer.k + feats[local]
-            gather.append(pairs)
-            ctrl.append(np.zeros(len(pairs), np.uint8))
-            tail = [w0 + kind]                              # the carriage return -(kind + 1)
-            if kind in (rec.SPARSE_KINDS["first"], rec.SPARSE_KINDS["only"]):
-                tail.append(layer.o * layer.k + out if bias else n_pool + 1)
-            gather.append(np.array(tail, dtype=np.int64))
-            ctrl.append(np.array([1] + [0] * (len(tail) - 1), np.uint8))
-        gather.append(np.array([w0 + 4], dtype=np.int64))
-        ctrl.append(np.ones(1, np.uint8))
+        # the pool: weight (, bias), +0, -0, then the words: the markers, the feature addresses
+        words = np.array(list(_MARKS) + [xa + l * T for l in range(len(feats))], dtype=np.int64).astype(np.uint32)
+        if transposed:
+            def weight_index(out, local, feats=feats):
+                return feats[local] * layer.k + out
+        else:
+            def weight_index(out, local, feats=feats):
+                return out * layer.k + feats[local]
+
+        def bias_index(out):
+            return layer.o * layer.k + out if bias else n_pool + 1
+        gather, ctrl = _spgemm_stream(kept, o, kinds, weight_index, bias_index, block, n_pool + 2)
         streams.append(StreamIn("W", i, C_W, (layer.weight,) + ((layer.bias,) if layer.bias is not None else ()),
-                                np.concatenate(gather), np.concatenate(ctrl), words))
+                                gather, ctrl, words))
     fmacs = int(mask.sum()) * sum(ctx.T(j) for j in range(cfg.width))
     return records, streams, fmacs
 
@@ -238,48 +231,86 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
     return records, streams, fmacs
 
 
+#: The words of G that ``spwgrad`` gathers before a row chain (at least one output's): measured on the
+#: 2048-wide layer at 90%, longer chains leave the rows waiting longer for each other (1,161 words:
+#: 444,117 cycles, 256: 438,166, 100: 441,225, 60: 446,116, the chains' own overhead growing).
+_CHAIN_WORDS = 256
+
+
+def _scratch_run(ctx: Context, names) -> tuple[int, int]:
+    """``(address, words)`` of the contiguous run of the scratch regions ``names`` (in order) from the first."""
+    start = end = ctx.mem.regions[names[0]][0]
+    for name in names:
+        addr, words = ctx.mem.regions[name]
+        if addr != end:
+            break
+        end = addr + words
+    return start, end - start
+
+
 def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[list, list, list, int]:
     """Records, the mask's index streams and the gradient streams of a masked
     layer's weight gradients (``train.s``'s ``spwgrad``): wgrad's rotation and
     row chain over the kept weights only. Row ``i``'s index stream holds, per
-    rotation step and output of the held block, the addresses of the kept
-    features' blocks of ``x`` (feature-major), then a carriage return ``-(n + 1)``."""
+    rotation step and output of the held block, -5 for a bias partial, the
+    addresses of the kept features' blocks of ``x`` (feature-major) in groups
+    of four, then ``-(r + 1)`` and the last ``r < 4``; the row chain of the
+    gradients gathered in G (``-6, N``) when the next output would not fit
+    (:func:`~wse.firmware.training.timing.spwgrad_items`) and at the end; -7
+    ends a rotation step."""
+    from wse.firmware.training.timing import spwgrad_items
+
     H = ctx.H
     T = ctx.T(0)
     bias = layer.bias is not None
-    g, xa = ctx.addr("g"), ctx.addr(f"act{l - 1}")
+    xa = ctx.addr(f"act{l - 1}")
+    g, run = _scratch_run(ctx, ("acc", "tmp", "g"))         # G: scratch free while the record runs
+    cap = min(run, max(_CHAIN_WORDS, _local(layer.k, H, 0) + 1))
     counts_of = [_local(layer.o, H, r) for r in range(H)]
     records = [[None] * ctx.config.width for _ in range(H)]
     streams_in, streams_out = [], []
     n_weight = layer.o * layer.k
     for i in range(H):
         feats = np.arange(i, layer.k, H)
-        kept_n, gather, scatter = [], [], []
+        kept_n, kept_local, scatter = [], [], []
         for s in range(H):
             for o in range(((i - s) % H), layer.o, H):
                 local = np.flatnonzero(mask[o, feats])
                 kept_n.append(len(local))
-                gather += [2 + local, [2 + len(feats) + len(local)]]
-                scatter.append(o * layer.k + feats[local])
+                kept_local.append(local)
                 if bias and s == 0:
                     scatter.append([n_weight + o])
+                scatter.append(o * layer.k + feats[local])
         c_in, c_out = ring_colors(i, H)
-        table = [counts_of[(i - s) % H] for s in range(H)] + kept_n
+        counts = [counts_of[(i - s) % H] for s in range(H)]
         for j in range(ctx.columns):
             ein = rec.dsd_fabin(EAST[j % 2]) if j else rec.dsd_mem(ctx.zero, 0, 0)
             records[i][j] = rec.encode("spwgrad", dict(
                 t=T, h=H, bias=int(bias), send_first=int(i % 2 == 0), own=ctx.addr(f"grad{l}"),
                 buf0=ctx.addr("buf0"), buf1=ctx.addr("buf1"), ga=g, g=rec.dsd_mem(g, 1),
-                gall=rec.dsd_mem(g, len(feats) + bias), zero=rec.dsd_mem(ctx.zero, len(feats) + bias, 0),
+                gall=rec.dsd_mem(g, cap), zero=rec.dsd_mem(ctx.zero, 1, 0),
                 x=rec.dsd_mem(0, T), eout=rec.dsd_fabout(EAST[(j + 1) % 2]), ein=ein, dyo=rec.dsd_mem(0, T),
                 rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in), mem=rec.dsd_mem(0, 0),
-                w=rec.dsd_fabin(C_W, 0)), table=table)
-        if gather:      # the pool: +0, -0, then the feature addresses, then the carriage returns
-            words = np.array([xa + m * T for m in range(len(feats))] + [-(n + 1) for n in range(len(feats) + 1)],
-                             dtype=np.int64).astype(np.uint32)
-            index = np.concatenate(gather).astype(np.int64)
-            ctrl = (index >= 2 + len(feats)).astype(np.uint8)
-            streams_in.append(StreamIn("W", i, C_W, (), index, ctrl, words))
+                w=rec.dsd_fabin(C_W, 0)), table=counts + kept_n)
+        # the pool: +0, -0, the markers -1 .. -7, the feature addresses, then the chain lengths 0 .. cap
+        marks, addrs = 2, 2 + 7
+        lengths = addrs + len(feats)
+        gather, at = [], 0
+        for items in spwgrad_items(counts, kept_n, bias, cap):
+            for item in items:
+                if item[0] == "out":
+                    local = addrs + kept_local[at]
+                    at += 1
+                    cut = len(local) - len(local) % 4                      # groups of four, -(r + 1), r more
+                    gather += [[marks + 4] * item[2], local[:cut], [marks + len(local) % 4], local[cut:]]
+                else:
+                    gather.append([marks + 5, lengths + item[1]])          # -6, N
+            gather.append([marks + 6])                                     # -7
+        words = np.array([-1, -2, -3, -4, -5, -6, -7] + [xa + m * T for m in range(len(feats))]
+                         + list(range(cap + 1)), dtype=np.int64).astype(np.uint32)
+        index = np.concatenate([np.asarray(v, dtype=np.int64) for v in gather])
+        ctrl = ((index >= marks) & (index < addrs)).astype(np.uint8)
+        streams_in.append(StreamIn("W", i, C_W, (), index, ctrl, words))
         flat = np.concatenate(scatter).astype(np.int64) if scatter else np.zeros(0, np.int64)
         if len(flat):
             tensors = (layer.weight,) + ((layer.bias,) if bias else ())
