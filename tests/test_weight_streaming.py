@@ -203,9 +203,9 @@ def test_memory_fit_error_states_need_and_availability():
 
 
 def test_batch_and_colors_and_imem_fit_errors():
-    capacity = ring_capacity(FabricConfig())
-    with pytest.raises(FitError, match=f"puts 16 tokens on a PE.*at most {capacity - 1} tokens"):
-        compile_for(mlp(22, 7), 64, (4, 4))
+    capacity = ring_capacity(FabricConfig())      # 16 tokens per PE run as token passes (test_token_passes.py)
+    wide = plan(trace(mlp(22, 7), torch.randn(64, 22)), FabricConfig(width=4, height=4), 64)
+    assert [len(p) for p in wide.passes] == [-(-16 // (capacity - 1))] * 4
     with pytest.raises(FitError, match="needs 6 colors but the configuration has colors=4"):
         compile_for(mlp(22, 7), 8, (4, 4), colors=4)
     with pytest.raises(FitError, match="needs \\d+ instruction words but imem_words is 256"):

@@ -47,7 +47,8 @@ def _fmacw_n(ld: int, la: int) -> int:
 
 
 def _sgemm(ops: OpRows, f: dict) -> None:
-    K, T, H, rounds, o_last, e = f["k"], f["t"], f["h"], f["rounds"], f["o_last"], f["e0"]
+    # T: the vectors' length (a token pass's tokens); the field t is only y's slot stride
+    K, T, H, rounds, o_last, e = f["k"], f["y"][2], f["h"], f["rounds"], f["o_last"], f["e0"]
     w = _color(f["w"])
     n_w = _fmacw_n(f["acc"][2], f["x1"][2])
     c_out, c_in = _color(f["out"]), _color(f["inp"])
@@ -364,7 +365,7 @@ def pe_ops(words: np.ndarray, start: int = 0) -> np.ndarray:
         elif kind == "relu":
             ops.busy(2 + fields["data"][2] + 1 + 1)
         elif kind == "transpose":
-            T, K = fields["t"], fields["k"]
+            T, K = fields["t"], fields["dst"][2]           # fmov of dst's length; k is dst's step
             ops.busy(10 + T * (K + 5) + (1 if T else 0))
         elif kind == "mask":
             ops.busy(11 + 4 * (fields["act"][2] + 1))

@@ -7,7 +7,8 @@ its fabric-out descriptors the colors it sends (an input queue of a PE that
 sends may wait for its output queue). The weight-streaming column ring is a
 cycle by design; each phase declares it as a :class:`~wse.firmware.deadlock.Ring`
 per column with the rule its records follow (``docs/faults.md`` section 1):
-the streamed GEMM forwards messages of ``T_j`` partial sums, the weight
+the streamed GEMM forwards messages of one token pass's partial sums (its
+fabric-out descriptor's length), the weight
 gradients and the softmax rotate blocks with the rows of even index sending
 first and the odd rows receiving first.
 """
@@ -57,7 +58,7 @@ def weight_streaming_rings(plan, decoded: dict) -> list[Ring]:
         members = tuple((j, i) + ring_colors(i, H) for i in range(H))
         column = [fields for i in range(H) for kind, fields in decoded[(j, i)] if kind in ("sgemm", "spgemm")]
         if column:
-            rings.append(Ring(f"column {j} partial sums", members, message=max(f["t"] for f in column)))
+            rings.append(Ring(f"column {j} partial sums", members, message=max(f["out"][2] for f in column)))
         for kind in ("wgrad", "spwgrad", "softmax"):
             flags = [[not f["send_first"] for k, f in decoded[(j, i)] if k == kind] for i in range(H)]
             if any(flags):

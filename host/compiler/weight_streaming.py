@@ -7,7 +7,10 @@ mesh columns in contiguous blocks (:func:`~wse.firmware.kernels.common.block_par
 ``T_j`` to column ``j``; the features of every activation are dealt to rows
 cyclically, feature ``k`` to row ``k mod H`` at local index ``k div H``. A PE
 keeps its activations feature-major (``[local feature][token]``) and, for the
-weight gradients, a token-major copy. Weights never stay on the wafer.
+weight gradients, a token-major copy. Weights never stay on the wafer. A
+column with more tokens than one message of the partial-sum ring carries runs
+its streamed GEMMs in token passes (:func:`token_passes`), the weights
+streaming once per pass.
 
 :func:`plan` returns a :class:`Plan`: the memory map, the phases with their
 per-PE op records (:mod:`wse.firmware.training.records`), the host's stream
@@ -29,7 +32,7 @@ from .layouts import WeightStreamingLayout, WSLayer
 from .schedule import MathOp, Phase, StreamIn, StreamOut
 
 __all__ = ["FitError", "WSLayer", "PlannedPhase", "Plan", "plan", "RING", "WRAP", "EAST", "COLORS_USED",
-           "ring_colors", "ring_capacity"]
+           "ring_colors", "ring_capacity", "pass_limit", "token_passes"]
 
 #: Colors of the column ring: the chain south (alternating by row) and the wrap north.
 RING = (1, 2)
@@ -98,6 +101,9 @@ class Plan:
     transfers:
         Per-step host copies: ``{name: (address, index map [H, W, n])}`` for the
         inputs ``x``, ``onehot``, ``scale`` and the output ``logits``.
+    passes:
+        Per column, the ``(offset, count)`` of each token pass of the streamed
+        GEMMs (:func:`token_passes`; one pass when the ring carries every token).
     """
     config: FabricConfig
     batch: int
@@ -111,6 +117,7 @@ class Plan:
     sequences: dict
     routes: list
     transfers: dict
+    passes: list = dataclasses.field(default_factory=list)
 
     def layout(self) -> WeightStreamingLayout:
         """The executable's record of this mapping."""
@@ -174,16 +181,33 @@ class _Memory:
         return addr
 
 
-def _check_fit(config: FabricConfig, batch: int, columns: int, tmax: int) -> None:
+def _check_fit(config: FabricConfig) -> None:
     if config.colors < COLORS_USED:
         raise FitError(f"weight streaming needs {COLORS_USED} colors but the configuration has "
                        f"colors={config.colors}")
-    capacity = ring_capacity(config)
-    if tmax > capacity - 1:
-        raise FitError(f"a batch of {batch} on {columns} columns puts {tmax} tokens on a PE, but a link of "
-                       f"the partial-sum ring holds {capacity} wavelets (tx_depth + 2*router_depth + "
-                       f"rx_depth), which allows at most {capacity - 1} tokens per PE; use a smaller batch "
-                       f"or a wider mesh")
+
+
+def pass_limit(config: FabricConfig) -> int:
+    """Tokens per PE in one pass of a streamed GEMM: a link of the column ring holds one
+    partial-sum message plus one wavelet (``docs/weight_streaming.md`` section 5)."""
+    return ring_capacity(config) - 1
+
+
+def token_passes(tokens: list, limit: int) -> list[list[tuple[int, int]]]:
+    """Per column, the ``(offset, count)`` of each token pass within its block.
+
+    Every column runs ``ceil(max T_j / limit)`` passes (the weights stream once
+    per pass to the whole row), its ``T_j`` tokens dealt over them in
+    contiguous blocks, larger first (so a pass of a west column is never
+    smaller than the same pass of a column east of it). One pass is the
+    whole block."""
+    tmax = max(len(block) for block in tokens)
+    passes = -(-tmax // max(limit, 1))
+    out = []
+    for block in tokens:
+        parts = block_partition(len(block), passes)
+        out.append([(part.start, len(part)) for part in parts])
+    return out
 
 
 def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phases=()) -> Plan:
@@ -199,8 +223,9 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
     ------
     FitError
         If the activations, buffers and op lists do not fit in ``sram_words``,
-        the batch puts more tokens on a PE than the ring can carry, or the
-        fabric has too few colors.
+        a masked layer's batch puts more tokens on a PE than one pass of the
+        ring carries (dense layers run token passes instead: section 5 of
+        ``docs/weight_streaming.md``), or the fabric has too few colors.
     UsageError
         If the graph has no softmax cross-entropy loss with ``mean`` reduction.
     """
@@ -214,7 +239,12 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
     columns = min(config.width, batch)
     tokens = block_partition(batch, columns)
     tmax = len(tokens[0])
-    _check_fit(config, batch, columns, tmax)
+    _check_fit(config)
+    passes = token_passes(tokens, pass_limit(config))
+    if len(passes[0]) > min(len(block) for block in tokens):
+        raise FitError(f"a batch of {batch} on {columns} columns needs {len(passes[0])} token passes of at most "
+                       f"{pass_limit(config)} tokens per PE, more than the {len(tokens[-1])} tokens of the "
+                       f"last column; use a batch that is a multiple of {columns}")
     code = len(training_program(config.replace(imem_words=65536)).code)
     if code > config.imem_words:
         raise FitError(f"the weight-streaming PE program needs {code} instruction words but imem_words is "
@@ -246,18 +276,19 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
         mem.take(name, tmax, loss)
     mem.take("onehot", per_row[-1] * tmax, loss)
     _check_memory(mem, config, graph, batch, program)
-    masks = _check_masks(masks, layers, tokens, batch)
+    masks = _check_masks(masks, layers, tokens, batch, config)
     ctx = ws_phases.Context(config, program, layers, relu_input, tokens, mem, H, columns, masks,
-                            frozenset(dense_phases))
+                            frozenset(dense_phases), passes)
     phases, sequences = ws_phases.build(ctx)
     _check_memory(mem, config, graph, batch, program)
     return Plan(config, batch, graph, layers, relu_input, columns, tokens, dict(mem.regions), phases, sequences,
-                _routes(config, columns), ws_phases.transfers(ctx))
+                _routes(config, columns), ws_phases.transfers(ctx), passes)
 
 
-def _check_masks(masks, layers: list, tokens: list, batch: int) -> dict:
+def _check_masks(masks, layers: list, tokens: list, batch: int, config: FabricConfig) -> dict:
     """The masks by weight name, checked against the layers; a sparse layer needs
-    equal token blocks (a stream's index word is one address on every PE of a row)."""
+    equal token blocks (a stream's index word is one address on every PE of a row)
+    and one token pass (the sparse records run none)."""
     from .sparse import check_mask
 
     masks = dict(masks or {})
@@ -271,6 +302,11 @@ def _check_masks(masks, layers: list, tokens: list, batch: int) -> dict:
         raise FitError(f"sparse weight streaming needs the same tokens on every column, but a batch of {batch} "
                        f"on {len(tokens)} columns gives blocks of {len(tokens[0])} and {len(tokens[-1])}; use "
                        f"a batch that is a multiple of {len(tokens)}")
+    limit = pass_limit(config)
+    if masks and len(tokens[0]) > limit:
+        raise FitError(f"sparse weight streaming holds at most {limit} tokens per PE (its records run in one "
+                       f"token pass), but a batch of {batch} on {len(tokens)} columns puts {len(tokens[0])} on "
+                       f"a PE; use a smaller batch or a wider mesh")
     return masks
 
 
@@ -279,7 +315,8 @@ def _check_memory(mem: _Memory, config: FabricConfig, graph: Graph, batch: int, 
         detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
         raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE on a {config.mesh} "
                        f"mesh ({detail}, program data {program.data_end}) but sram_words is "
-                       f"{config.sram_words}")
+                       f"{config.sram_words} (token passes bound the ring, not memory: every token's "
+                       f"activations stay on its PE); use a smaller batch or a wider mesh")
 
 
 def _routes(config: FabricConfig, columns: int) -> list:

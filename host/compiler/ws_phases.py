@@ -38,6 +38,7 @@ class Context:
     columns: int
     masks: dict = dataclasses.field(default_factory=dict)
     dense_phases: frozenset = frozenset()
+    passes: list = dataclasses.field(default_factory=list)
 
     def sparse(self, layer: WSLayer, phase: str) -> np.ndarray | None:
         """The mask of ``layer`` if its phase ``phase`` (such as ``"fwd fc1"``) runs sparse, else None."""
@@ -46,6 +47,10 @@ class Context:
     def T(self, j: int) -> int:
         """Tokens of column ``j`` (0 for columns without any)."""
         return len(self.tokens[j]) if j < self.columns else 0
+
+    def token_passes(self, j: int) -> list[tuple[int, int]]:
+        """``(offset, count)`` of each token pass of column ``j`` (one pass of every token by default)."""
+        return self.passes[j] if self.passes else [(0, self.T(j))]
 
     def addr(self, name: str) -> int:
         return self.mem.regions[name][0]
@@ -72,14 +77,24 @@ def sgemm_steps(row: int, height: int, outputs: int) -> tuple[np.ndarray, np.nda
 
 def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tuple[list, list, int]:
     """Records and weight streams of one streamed GEMM (forward, or input
-    gradients with the weights transposed)."""
+    gradients with the weights transposed): one ``[H][W]`` part of records per
+    record position, in order.
+
+    With several token passes (:func:`~.weight_streaming.token_passes`) each
+    pass is a ``transpose`` record gathering the pass's tokens of ``x`` into
+    ``tmp`` (``[feature][pass token]``) and an ``sgemm`` record on them whose
+    output slots keep the column's stride ``T`` (so ``y`` is written in place),
+    and each row's weight stream repeats once per pass. One pass is the
+    ``sgemm`` record alone on ``x``."""
     H, cfg = ctx.H, ctx.config
     k_total, outputs = (layer.o, layer.k) if transposed else (layer.k, layer.o)
     bias = layer.bias is not None and not transposed
-    records = [[None] * cfg.width for _ in range(H)]
+    n_passes = len(ctx.token_passes(0))
+    parts = [[[None] * cfg.width for _ in range(H)] for _ in range(2 * n_passes if n_passes > 1 else 1)]
     streams = []
     n_pool = layer.o * layer.k + (layer.o if bias else 0)
     minus_zero = n_pool + 1
+    xa, ya, tmp = ctx.addr(x), ctx.addr(y), ctx.addr("tmp")
     for i in range(H):
         k = _local(k_total, H, i)
         c_in, c_out = ring_colors(i, H)
@@ -88,13 +103,18 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
             T = ctx.T(j)
             if not T:
                 continue
-            xa, ya = ctx.addr(x), ctx.addr(y)
-            acc = rec.dsd_mem(ctx.zero, T, 0) if k == 0 else rec.dsd_mem(ctx.addr("acc"), T)
-            records[i][j] = rec.encode("sgemm", dict(
-                k=k, t=T, rounds=rounds, h=H, o_last=o_last, e0=(i - 1) % H, acc=acc,
-                zero=rec.dsd_mem(ctx.zero, T, 0), x0=rec.dsd_mem(xa, T), x1=rec.dsd_mem(xa + T, max(k - 1, 0) * T),
-                w=rec.dsd_fabin(C_W, max(k - 1, 0)), out=rec.dsd_fabout(c_out, T), inp=rec.dsd_fabin(c_in, T),
-                y=rec.dsd_mem(ya, T)))
+            for q, (off, t) in enumerate(ctx.token_passes(j)):
+                xb = xa
+                if n_passes > 1:     # gather the pass: tmp[f][u] = x[f][off + u], one token per iteration
+                    xb = tmp
+                    parts[2 * q][i][j] = rec.encode("transpose", dict(
+                        k=1, t=t, dst=rec.dsd_mem(tmp, k, t), src=rec.dsd_mem(xa + off, k, T))) if k else None
+                acc = rec.dsd_mem(ctx.zero, t, 0) if k == 0 else rec.dsd_mem(ctx.addr("acc"), t)
+                parts[2 * q + 1 if n_passes > 1 else 0][i][j] = rec.encode("sgemm", dict(
+                    k=k, t=T, rounds=rounds, h=H, o_last=o_last, e0=(i - 1) % H, acc=acc,
+                    zero=rec.dsd_mem(ctx.zero, t, 0), x0=rec.dsd_mem(xb, t),
+                    x1=rec.dsd_mem(xb + t, max(k - 1, 0) * t), w=rec.dsd_fabin(C_W, max(k - 1, 0)),
+                    out=rec.dsd_fabout(c_out, t), inp=rec.dsd_fabin(c_in, t), y=rec.dsd_mem(ya + off, t)))
         o, p = sgemm_steps(i, H, outputs)
         feats = np.arange(i, k_total, H)
         if transposed:   # W[f, o] for the row's outputs f of the layer
@@ -105,30 +125,82 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
         table = np.concatenate([idx, ctrl_idx[:, None]], axis=1)
         keep = np.concatenate([np.ones((len(o), len(feats)), bool), (p == 0)[:, None]], axis=1)
         flags = np.concatenate([np.zeros((len(o), len(feats)), np.uint8), np.ones((len(o), 1), np.uint8)], axis=1)
-        if len(table[keep]):
+        if len(table[keep]):     # MemoryX streams the weights again for every pass
             streams.append(StreamIn("W", i, C_W, (layer.weight,) + ((layer.bias,) if bias else ()),
-                                    table[keep].astype(np.int64), flags[keep]))
+                                    np.tile(table[keep].astype(np.int64), n_passes),
+                                    np.tile(flags[keep], n_passes)))
     fmacs = outputs * k_total * sum(ctx.T(j) for j in range(cfg.width))
-    return records, streams, fmacs
+    return parts, streams, fmacs
 
 
-#: The word that ends a sparse stream (``train.s``'s ``spgemm``; a carriage return is ``-(kind + 1)``).
-_CR_END = -5
+#: The marker words of a sparse stream (``train.s``'s ``spgemm``), as the pool holds them after +0 and -0:
+#: in the compute part -(r + 1) before a step's last r < 4 non-zeros, -2 an empty step, -3 the ring part;
+#: in the ring part -1 FIRST, -2 MID, -3 LAST, -4 ONLY, -5 the next block, -6 the end of the stream.
+_MARKS = (-1, -2, -3, -4, -5, -6)
+
+#: Scratch regions that follow ``acc`` in the memory map; the sparse GEMM's slots use the run of them.
+_SLOT_REGIONS = ("acc", "tmp", "g", "buf0", "buf1")
+
+
+def sparse_slots(ctx: Context, T: int) -> tuple[int, int]:
+    """``(address, count)``: the slots of ``T`` words for a block of the sparse GEMM's partials,
+    over the contiguous scratch regions from ``acc`` on (free while a GEMM record runs)."""
+    start, words = _scratch_run(ctx, _SLOT_REGIONS)
+    return start, max(1, words // max(T, 1))
+
+
+def _spgemm_stream(kept: np.ndarray, out: np.ndarray, kinds: np.ndarray, weight_index, bias_index,
+                   block: int, w0: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(gather, ctrl)`` of one row's sparse stream: per block of ``block`` steps, the steps'
+    index/value pairs (the first, groups of four, then ``-(r + 1)`` and the last ``r < 4``; -2
+    alone for a step without any), -3, then each step's
+    ring kind (and bias word for FIRST and ONLY), then -5, or -6 after the last block. The pool
+    holds the markers from ``w0`` on and the feature addresses after them."""
+    gather, ctrl = [], []
+
+    def mark(code):
+        gather.append(np.array([w0 - code - 1], dtype=np.int64))
+        ctrl.append(np.ones(1, np.uint8))
+
+    first, only = rec.SPARSE_KINDS["first"], rec.SPARSE_KINDS["only"]
+    for b0 in range(0, len(out), block):
+        steps = range(b0, min(b0 + block, len(out)))
+        for s in steps:
+            local = np.flatnonzero(kept[s])
+            if len(local):
+                pairs = np.empty(2 * len(local), dtype=np.int64)
+                pairs[0::2] = w0 + len(_MARKS) + local
+                pairs[1::2] = weight_index(out[s], local)
+                rest = (len(local) - 1) % 4                 # the first pair, groups of four, -(rest + 1), rest
+                cut = len(pairs) - 2 * rest
+                gather += [pairs[:cut], np.array([w0 + rest], dtype=np.int64), pairs[cut:]]
+                ctrl += [np.zeros(cut, np.uint8), np.ones(1, np.uint8), np.zeros(len(pairs) - cut, np.uint8)]
+            else:
+                mark(-2)
+        mark(-3)
+        for s in steps:
+            mark(-(int(kinds[s]) + 1))
+            if kinds[s] in (first, only):
+                gather.append(np.array([bias_index(out[s])], dtype=np.int64))
+                ctrl.append(np.zeros(1, np.uint8))
+        mark(-5 if b0 + block < len(out) else -6)
+    return np.concatenate(gather), np.concatenate(ctrl)
 
 
 def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x: str,
             y: str) -> tuple[list, list, int]:
     """Records and weight streams of a masked layer's sparse streamed GEMM
     (``docs/weight_streaming.md`` section 13; forward, or input gradients with
-    the masked weights transposed): the dense GEMM's steps and ring, each row's
-    stream holding only its kept weights as (index, value) pairs, a carriage
-    return per step (and the bias word, -0.0 without one, at ring position 0), an end."""
+    the masked weights transposed): the dense GEMM's steps and ring, in blocks
+    of steps (:func:`sparse_slots`), each row's stream holding only its kept
+    weights as (index, value) pairs (:func:`_spgemm_stream`)."""
     H, cfg = ctx.H, ctx.config
     T = ctx.T(0)
     bias = layer.bias is not None and not transposed
     grid = mask.T if transposed else mask                   # [outputs, contracted features]
     n_pool = layer.o * layer.k + (layer.o if layer.bias is not None else 0)
     xa = ctx.addr(x)
+    slots, block = sparse_slots(ctx, T)
     records = [[None] * cfg.width for _ in range(H)]
     streams = []
     for i in range(H):
@@ -375,6 +447,8 @@ def build(ctx: Context) -> tuple[dict, dict]:
         else:
             records, streams, fmacs = _sgemm(ctx, layer, False, f"act{l - 1}", f"act{l}")
             math.append(Sgemm(layer.weight, layer.bias, f"act{l - 1}", f"act{l}"))
+            parts += records[:-1]     # the token passes before the last
+            records = records[-1]
         parts.append(records)
         if layer.relu:
             parts.append(_relu(ctx, f"act{l}", layer.o))
@@ -392,6 +466,7 @@ def build(ctx: Context) -> tuple[dict, dict]:
     for l in range(L, 0, -1):
         layer = layers[l - 1]
         if l > 1:
+            before = []
             mask = ctx.sparse(layer, f"bwd-data {layer.name}")
             if mask is not None:
                 records, streams, fmacs = _spgemm(ctx, layer, mask, True, f"grad{l}", f"grad{l - 1}")
@@ -399,7 +474,8 @@ def build(ctx: Context) -> tuple[dict, dict]:
             else:
                 records, streams, fmacs = _sgemm(ctx, layer, True, f"grad{l}", f"grad{l - 1}")
                 math = [SgemmTransposed(layer.weight, f"grad{l}", f"grad{l - 1}")]
-            parts = [records]
+                before, records = records[:-1], records[-1]     # the token passes before the last
+            parts = before + [records]
             if layers[l - 2].relu:
                 parts.append(_mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k))
                 math.append(ReluMask(f"act{l - 1}", f"grad{l - 1}"))
