@@ -4,14 +4,16 @@ Each line gives the seconds of every compile stage (trace, plan, op images,
 cycle model, the rest of code generation), the total, the cycles of every
 phase, PEs x layers and the seconds per million PE-layers (compile time that
 grows at most linearly in PEs x layers keeps that figure flat; the growth
-line compares the CPU-second figures, which a busy machine disturbs less). With
+lines compare the CPU-second figures, which a busy machine disturbs less, against
+the first case and against the previous one: at most 1 is at most linear). With
 ``--baseline`` the cycle model also runs as the full replay (no skipped
 periods, every phase replayed even when an earlier one had the same inputs) in the same process: ``speedup`` is its time over the fast path's,
 and ``same_cycles`` says the counts agree. With ``--engines`` the cycle
 model also runs with the reference engine (every router and PE visited every
 cycle; the same skipped periods and memo): ``engine_speedup`` is its time
-over the fast engine's (``same_cycles_both_engines``). ``cpu_s`` figures are the process's CPU seconds
-(steadier than wall seconds on a shared machine).
+over the default engine's (``same_cycles_both_engines``). ``cpu_s`` figures are the process's CPU seconds
+(steadier than wall seconds on a shared machine; the cycle model's distinct phase replays run on one thread
+per CPU, so its wall seconds can be fewer than its CPU seconds).
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
@@ -123,7 +125,7 @@ def _warm_up() -> None:
     from wse.host.compiler.weight_streaming import plan
     the_plan = plan(trace(_model((4, 24, 3)), torch.randn(2, 4)), FabricConfig(width=2, height=2), 4)
     for periods in (True, False):
-        for engine in ("events", "reference"):
+        for engine in ("adaptive", "events", "reference"):
             cycles.phase_cycles(the_plan, periods=periods, progress=False, engine=engine, reuse=False)
 
 
@@ -140,10 +142,13 @@ def main(argv=None) -> int:
         record = run_case(name, args.baseline, args.cycles_only, args.engines)
         records.append(record)
         print(json.dumps(record), flush=True)
-    if len(records) > 1:       # growth: CPU seconds per PE-layer of each case against the first (<= 1: linear)
+    if len(records) > 1:       # growth: CPU seconds per PE-layer against the first case and the previous one
         first = records[0]["cpu_s_per_million_pe_layers"]
         print(json.dumps({"growth_vs_" + records[0]["case"]: {
             r["case"]: round(r["cpu_s_per_million_pe_layers"] / first, 2) for r in records[1:]}}), flush=True)
+        print(json.dumps({"growth_vs_previous_row": {   # <= 1: at most linear in PEs x layers from row to row
+            b["case"]: round(b["cpu_s_per_million_pe_layers"] / a["cpu_s_per_million_pe_layers"], 2)
+            for a, b in zip(records, records[1:])}}), flush=True)
     return 0
 
 

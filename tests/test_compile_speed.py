@@ -245,7 +245,8 @@ def test_compile_model_without_cycles():
 # The fast engine (replay_events) against the reference engine -------------------------
 
 def _stops(network, ops, starts, ends, inject, run):
-    """The whole replay state at every op row of the PE with the longest list, until the end."""
+    """The whole replay state at every op row of the PE with the longest list, until the end
+    (``run`` may be a list of engines: the ``k``-th stretch then runs on ``run[k % len(run)]``)."""
     from wse.host.compiler import replay as engine
     routes = network.routes()
     ports = engine._edge_ports(network, inject)
@@ -255,7 +256,8 @@ def _stops(network, ops, starts, ends, inject, run):
     scalars = engine._new_scalars(starts, ports, watch)
     out = []
     while True:
-        status = run(routes, ports, ops, queues, cores, events, scalars, 1 << 40, watch)
+        step = run[len(out) % len(run)] if isinstance(run, list) else run
+        status = step(routes, ports, ops, queues, cores, events, scalars, 1 << 40, watch)
         n = events.count[engine._WRITE]
         writes = sorted(zip(events.who[engine._WRITE, :n].tolist(), events.color[engine._WRITE, :n].tolist()))
         out.append((status, [a.copy() for a in (*queues, *cores, ports.left, scalars)], writes))

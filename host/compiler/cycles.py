@@ -10,9 +10,11 @@ the routers, edge ports and PE queues that follows ``docs/architecture.md``
 sections 3, 4 and 6 (and the golden model) to the cycle: rotating color
 priority, atomic multicast, ready bits from start-of-cycle counts, vector
 elements written to ``tx`` one cycle after they issue, ``fmacw`` popping a
-weight per chunk. The replay is a compiled loop (numba) that visits only the
-routers, output queues and PEs that can act in a cycle (:mod:`.replay_events`;
-the reference loop that visits all of them is kept to check it);
+weight per chunk. The replay is a compiled loop (numba) with two engines of
+the same cycle: one visits only the routers, output queues and PEs that can
+act in a cycle (:mod:`.replay_events`), the reference visits all of them;
+by default each stretch of a run goes to the one that is cheaper there
+(:mod:`.replay_adaptive`);
 ``tests/test_weight_streaming.py`` checks it against the golden model phase
 by phase. Phases of many identical rounds skip the proven repeats of their
 state (:mod:`.replay_periods`), with the same counts as the full replay.
@@ -29,7 +31,9 @@ cannot change a count); ``reuse=False`` replays every phase.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 
@@ -69,25 +73,41 @@ class ReplayMemo:
         return (*tables, depths, np.ascontiguousarray(ops, dtype=np.int64), np.asarray(starts, dtype=np.int64),
                 np.asarray(ends, dtype=np.int64), feed)
 
-    def cycles(self, network: Network, ops, starts, ends, inject: dict, *, periods: bool = True,
-               engine: str | None = None) -> int:
-        """The replay's cycles of these inputs (:func:`~.replay.replay`), replayed once."""
+    def key(self, network: Network, ops, starts, ends, inject: dict) -> tuple[bytes, tuple]:
+        """``(digest, inputs)`` of a replay's inputs: what :meth:`get` and :meth:`put` take."""
         inputs = self._inputs(network, ops, starts, ends, inject)
         digest = hashlib.blake2b(digest_size=16)
         for a in inputs:
             digest.update(np.array(a.shape, dtype=np.int64).tobytes())
             digest.update(a.tobytes())
-        key = digest.digest()
-        stored = self._store.get(key)
+        return digest.digest(), inputs
+
+    def get(self, key: tuple[bytes, tuple]) -> int | None:
+        """The stored count of these inputs (compared in full), or None."""
+        digest, inputs = key
+        stored = self._store.get(digest)
         if stored is not None and all(x.shape == y.shape and np.array_equal(x, y)
                                       for x, y in zip(stored[0], inputs)):
-            self._store.move_to_end(key)
+            self._store.move_to_end(digest)
             self.hits += 1
             return stored[1]
-        result = replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
-        self._store[key] = (inputs, result)
+        return None
+
+    def put(self, key: tuple[bytes, tuple], result: int) -> None:
+        """Store the count of these inputs (the oldest of more than ``size`` goes)."""
+        digest, inputs = key
+        self._store[digest] = (inputs, result)
         while len(self._store) > self.size:
             self._store.popitem(last=False)
+
+    def cycles(self, network: Network, ops, starts, ends, inject: dict, *, periods: bool = True,
+               engine: str | None = None) -> int:
+        """The replay's cycles of these inputs (:func:`~.replay.replay`), replayed once."""
+        key = self.key(network, ops, starts, ends, inject)
+        result = self.get(key)
+        if result is None:
+            result = replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
+            self.put(key, result)
         return result
 
 
@@ -95,11 +115,48 @@ class ReplayMemo:
 MEMO = ReplayMemo()
 
 
-def _replay_phase(network, ops, starts, ends, inject, periods: bool, reuse: bool, engine: str | None) -> int:
-    """One phase's cycles: through :data:`MEMO`, or a fresh replay without ``reuse``."""
-    if reuse:
-        return MEMO.cycles(network, ops, starts, ends, inject, periods=periods, engine=engine)
-    return replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
+def _workers(jobs: int, workers: int | None) -> int:
+    """Threads for ``jobs`` replays: ``workers``, or one per CPU this process may use."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(jobs, workers))
+
+
+def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engine: str | None,
+                   progress: bool, workers: int | None) -> dict[str, int]:
+    """Cycles of ``phases`` (``(name, (ops, starts, ends), inject)``), each distinct replay once.
+
+    Phases whose inputs equal an earlier one's (in this call or, with ``reuse``,
+    in :data:`MEMO`) share its count; the distinct replays run on ``workers``
+    threads (the compiled loops release the GIL; every replay has its own state,
+    and a replay's count does not depend on which thread runs it)."""
+    from .progress import Progress
+
+    out, todo, names = {}, {}, {}
+    for name, (ops, starts, ends), inject in phases:
+        key = MEMO.key(network, ops, starts, ends, inject) if reuse else (name.encode(), ())
+        hit = MEMO.get(key) if reuse else None
+        if hit is not None:
+            out[name] = hit
+            continue
+        names.setdefault(key[0], []).append(name)
+        todo.setdefault(key[0], (key, (network, ops, starts, ends, inject)))
+    total = len(out) + sum(len(n) for n in names.values())
+    with Progress("cycle model", total, enabled=progress) as bar, \
+            ThreadPoolExecutor(_workers(len(todo), workers)) as pool:
+        for name in out:
+            bar.step(name)
+        running = {pool.submit(replay, *args, periods=periods, engine=engine): digest
+                   for digest, (_, args) in todo.items()}
+        for done in as_completed(running):
+            digest = running[done]
+            result = done.result()
+            if reuse:
+                MEMO.put(todo[digest][0], result)
+            for name in names[digest]:
+                out[name] = result
+                bar.step(name)
+    return {name: out[name] for name, _, _ in phases}
 
 
 def op_table(config, pe_words, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -150,7 +207,8 @@ def phase_injections(phase) -> dict:
 
 
 def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
-                 progress: bool = True, reuse: bool = True, engine: str | None = None) -> dict[str, int]:
+                 progress: bool = True, reuse: bool = True, engine: str | None = None,
+                 workers: int | None = None) -> dict[str, int]:
     """Cycles of every phase of a weight-streaming plan, as the golden model counts them.
 
     ``periods`` lets the replay skip proven repeats (:mod:`.replay_periods`;
@@ -158,42 +216,31 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
     whose replay inputs equal an earlier one's from :data:`MEMO` (same counts;
     ``False`` replays every phase: the reference path with ``periods=False``
     and ``engine="reference"``); ``engine`` picks the replay's cycle loop
-    (:data:`~.replay.ENGINES`; the same counts);
+    (:data:`~.replay.ENGINES`; the same counts); the distinct replays run on
+    ``workers`` threads (one per CPU by default; the same counts);
     ``progress`` reports the phases on stderr when the model takes more than a
     few seconds (:mod:`.progress`).
     ``program`` is not needed (the timing ops follow ``train.s``); it is
     accepted for callers that pass it.
     """
-    from .progress import Progress
-
     network = Network(plan.config, plan.routes)
-    out = {}
-    with Progress("cycle model", len(plan.phases), enabled=progress) as bar:
-        for name, phase in plan.phases.items():
-            bar.step(name)
-            ops, starts, ends = phase_ops(plan, phase)
-            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse, engine)
-    return out
+    phases = [(name, phase_ops(plan, phase), phase_injections(phase)) for name, phase in plan.phases.items()]
+    return _replay_phases(network, phases, periods=periods, reuse=reuse, engine=engine, progress=progress,
+                          workers=workers)
 
 
 def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse: bool = True,
-                      engine: str | None = None) -> dict[str, int]:
+                      engine: str | None = None, workers: int | None = None) -> dict[str, int]:
     """Cycles of every phase of a weight-streaming executable, from what it
     holds (op images, routes, weight streams): the counts
     :func:`phase_cycles` gives at compile time, for an executable compiled
     without them (``generate(plan, cycles=False)``); ``periods``, ``progress``,
-    ``reuse`` and ``engine`` as for :func:`phase_cycles`."""
-    from .progress import Progress
-
+    ``reuse``, ``engine`` and ``workers`` as for :func:`phase_cycles`."""
     if exe.mode != "weight_streaming":
         raise ValueError(f"executable_cycles models weight-streaming executables, not mode {exe.mode!r}")
-    cfg = exe.config
     images = {addr: image for addr, image in exe.static}
-    network = Network(cfg, exe.routes)
-    out = {}
-    with Progress("cycle model", len(exe.phases), enabled=progress) as bar:
-        for name, phase in exe.phases.items():
-            bar.step(name)
-            ops, starts, ends = executable_phase_ops(exe, images[phase.ops_addr])
-            out[name] = _replay_phase(network, ops, starts, ends, phase_injections(phase), periods, reuse, engine)
-    return out
+    network = Network(exe.config, exe.routes)
+    phases = [(name, executable_phase_ops(exe, images[phase.ops_addr]), phase_injections(phase))
+              for name, phase in exe.phases.items()]
+    return _replay_phases(network, phases, periods=periods, reuse=reuse, engine=engine, progress=progress,
+                          workers=workers)

@@ -458,7 +458,7 @@ def _new_scalars(starts: np.ndarray, ports: EdgePorts, watch: int) -> np.ndarray
     return scalars
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
     """Run cycles from the state until every PE reached ``END`` and the fabric
     is empty (``_FINISHED``; ``scalars[_LAST]`` is the last cycle with an
@@ -529,11 +529,12 @@ def _edge_ports(network: Network, inject: dict) -> EdgePorts:
     return EdgePorts(router, code, left, left.sum(axis=1))
 
 
-#: The engines of :func:`replay`: ``"events"`` (:mod:`.replay_events`, visits only who can act) and
-#: ``"reference"`` (:func:`_run`, visits every router and PE every cycle); the same cycles.
-ENGINES = ("events", "reference")
+#: The engines of :func:`replay`: ``"events"`` (:mod:`.replay_events`, visits only who can act),
+#: ``"reference"`` (:func:`_run`, visits every router and PE every cycle) and ``"adaptive"``
+#: (:mod:`.replay_adaptive`: each stretch between two stops on the one that is faster there); the same cycles.
+ENGINES = ("adaptive", "events", "reference")
 #: The engine :func:`replay` uses when none is named (tests set it to check whole compilers against the reference).
-DEFAULT_ENGINE = "events"
+DEFAULT_ENGINE = "adaptive"
 
 
 def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
@@ -546,8 +547,9 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
     skips repeats of a proven period of the whole fabric's state
     (:mod:`.replay_periods`); the count is the same as without. ``engine``
     (:data:`ENGINES`, :data:`DEFAULT_ENGINE` if None) picks the cycle loop:
-    the fast one by default, the reference to check it against; the count
-    is the same.
+    by default each stretch between the period search's stops on the engine
+    that is faster there (the fast one for a run without periods), the
+    reference to check it against; the count is the same.
 
     Raises
     ------
@@ -556,13 +558,16 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
         hang: a wait that never ends, wavelets that can never enter the fabric
         or that stay in an input queue, or more than ``limit`` cycles).
     """
+    from .replay_adaptive import AdaptiveRun
     from .replay_events import run_events
     from .replay_periods import run_with_periods
 
     engine = DEFAULT_ENGINE if engine is None else engine
     if engine not in ENGINES:
         raise ValueError(f"replay engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    run = run_events(network) if engine == "events" else _run
+    run = _run if engine == "reference" else run_events(network)
+    if engine == "adaptive" and periods:         # a run without periods is one stretch: the fast engine
+        run = AdaptiveRun([run, _run])
     routes = network.routes()
     ports = _edge_ports(network, inject)
     starts = starts.astype(np.int64)

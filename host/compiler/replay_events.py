@@ -425,7 +425,7 @@ def _settle(cores, wakes, ran):
             cores.free_at[pe] = ran + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch, table):
     """:func:`.replay._run` (same arguments, results and final state), visiting only who can act."""
     count = events.count

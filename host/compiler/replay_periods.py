@@ -27,9 +27,12 @@ shifts. :func:`run_with_periods` applies that skip and replays on.
 Finding candidates is cheap and needs no proof: the replay stops whenever
 one PE (the one with the longest op list) stands at a new op row, a hash of
 the relative state (and each PE's current op row) is looked up among the
-earlier stops, and a repeat with ``D`` a multiple of ``colors`` is checked by
-replaying one more period and comparing the two states exactly, as above.
-A skip is taken only on that exact check. When the watched PE's op list has
+earlier stops, and on a repeat the earlier stop's kept state
+(:class:`_History`) is compared with the current one exactly, as above, at
+once; where that state is no longer kept, a repeat (with ``D`` or a multiple
+of it that is a multiple of ``colors``) is checked by replaying one more
+period and comparing the two states then. A skip is taken only on an exact
+check. When the watched PE's op list has
 an inner loop inside its rounds, both levels are watched: inner skips stop
 short of the watched PE's next round, so every round is entered in the true
 state, and repeats of whole rounds (periods that are multiples of
@@ -51,8 +54,10 @@ __all__ = ["run_with_periods"]
 
 #: Repeats of a hashed state awaiting their exact check at once (each holds a copy of the state).
 _MAX_CANDIDATES = 4
+#: Bytes of kept states per level of stops (:class:`_History`).
+_SNAPSHOT_BYTES = 128 << 20
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _state_hash(queues, cores, events, left, ops, t):
     """A 64-bit hash of the relative state at the start of cycle ``t`` and each PE's current op row."""
     h = np.uint64(1469598103934665603)
@@ -116,7 +121,7 @@ def _same(a: dict, b: dict) -> bool:
     return all(np.array_equal(a["rel"][k], b["rel"][k]) for k in keys)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _repeats(ops, pcs, shifts, most):
     """The most periods ``m <= most`` such that, for every ``(pc, d)``, ``ops[y] == ops[y - d]``
     for ``y`` in ``pc .. pc + m*d``."""
@@ -242,18 +247,68 @@ def _check(candidates: list, t: int, state, ops, cores, ports, scalars, limit: i
     return False
 
 
-def _propose(candidates: list, seen: dict, key: int, t: int, state, cores, ports, scalars, spans) -> None:
-    """Note the state hash ``key`` at ``t``; on a repeat, queue its periods (``spans(period)``) for checking."""
-    queues, events, colors = state
-    before = seen.get(key)
-    seen[key] = t
-    if before is None:
+class _History:
+    """The stops of one level: per state hash, the cycles it was seen at and, for
+    the latest stops (at most ``budget`` bytes of them), the state itself, so a
+    repeat is checked the moment its hash comes back (no period replayed to
+    check it), at every earlier stop of that hash, latest first, which also
+    finds a period that must be a multiple of ``colors``."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.by_key: dict[int, list] = {}
+        self.kept: list = []          # entries holding a snapshot, oldest first
+        self.bytes = 0
+
+    def clear(self) -> None:
+        self.by_key.clear()
+        self.kept.clear()
+        self.bytes = 0
+
+    def earlier(self, key: int) -> list:
+        """``[t, snapshot or None]`` entries of ``key``, oldest first."""
+        return self.by_key.get(key, [])
+
+    def add(self, key: int, snap: dict) -> None:
+        entry = [snap["t"], snap]
+        self.by_key.setdefault(key, []).append(entry)
+        size = _snapshot_bytes(snap)
+        self.kept.append((entry, size))
+        self.bytes += size
+        while self.bytes > self.budget and len(self.kept) > 1:
+            old, old_size = self.kept.pop(0)
+            old[1] = None
+            self.bytes -= old_size
+
+
+def _snapshot_bytes(snap: dict) -> int:
+    return sum(a.nbytes for a in snap["rel"].values()) + snap["pc"].nbytes + snap["left"].nbytes
+
+
+def _look_back(history: _History, key: int, now: dict, ops, cores, ports, scalars, limit: int, cap) -> bool:
+    """Skip on the latest earlier stop of hash ``key`` whose kept state equals ``now`` (an exact repeat:
+    :func:`_same`, then :func:`_skip`); True if skipped."""
+    for t_before, first in reversed(history.earlier(key)):
+        if first is None or t_before >= now["t"] or not _same(first, now):
+            continue
+        if _skip(first, now, ops, cores, ports, scalars, limit, cap(first, now)):
+            if now["conflicts"] != first["conflicts"]:
+                scalars[_CONFLICTS] += 1       # as in _check: the skipped cycles had rotation-dependent grants
+            return True
+    return False
+
+
+def _propose(candidates: list, history: _History, key: int, now: dict, spans) -> None:
+    """Keep the state ``now`` under its hash ``key``; on a repeat whose earlier state is no longer kept,
+    queue its periods (``spans(period)``) to be checked against ``now`` when they are due."""
+    earlier = history.earlier(key)
+    before = earlier[-1] if earlier else None
+    history.add(key, now)
+    if before is None or before[1] is not None:
         return
-    snap = None
-    for span in spans(t - before):
+    for span in spans(now["t"] - before[0]):
         if len(candidates) < _MAX_CANDIDATES and all(span != c[1] for c in candidates):
-            snap = snap or _snapshot(queues, cores, events, ports, t, colors, scalars)
-            candidates.append((snap, span))
+            candidates.append((now, span))
 
 
 def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watch: int, end: int,
@@ -301,11 +356,17 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         return sorted({period, period * colors // math.gcd(period, colors)})
 
     scalars[_SEEN_PC] = next_stop()
-    seen: dict[int, int] = {}
+    seen, rounds_seen = _History(_SNAPSHOT_BYTES), _History(_SNAPSHOT_BYTES)
     candidates: list = []                 # (snapshot at t2, period D): checked at t2 + D
-    rounds_seen: dict[int, int] = {}
     round_candidates: list = []
     last_round = 0
+
+    def round_skipped() -> None:
+        nonlocal last_round
+        last_round = (int(cores.pc[watch]) - base) // outer
+        scalars[_SEEN_PC] = next_stop()
+        seen.clear(), candidates.clear(), rounds_seen.clear(), round_candidates.clear()
+
     while True:
         status = run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
         if status != _STOPPED:
@@ -316,15 +377,21 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         if at_round:
             last_round = (int(cores.pc[watch]) - base) // outer
             if _check(round_candidates, t, state, ops, cores, ports, scalars, limit, lambda a, b: None):
-                last_round = (int(cores.pc[watch]) - base) // outer
-                scalars[_SEEN_PC] = next_stop()
-                seen.clear(), candidates.clear(), rounds_seen.clear(), round_candidates.clear()
+                round_skipped()
                 continue
         if _check(candidates, t, state, ops, cores, ports, scalars, limit, inner_cap):
             scalars[_SEEN_PC] = next_stop()
             seen.clear(), candidates.clear()
             continue
         key = int(_state_hash(queues, cores, events, ports.left, ops, t))
-        _propose(candidates, seen, key, t, state, cores, ports, scalars, spans)
+        now = _snapshot(queues, cores, events, ports, t, colors, scalars)
+        if at_round and _look_back(rounds_seen, key, now, ops, cores, ports, scalars, limit, lambda a, b: None):
+            round_skipped()
+            continue
+        if _look_back(seen, key, now, ops, cores, ports, scalars, limit, inner_cap):
+            scalars[_SEEN_PC] = next_stop()
+            seen.clear(), candidates.clear()
+            continue
+        _propose(candidates, seen, key, now, spans)
         if at_round:
-            _propose(round_candidates, rounds_seen, key, t, state, cores, ports, scalars, spans)
+            _propose(round_candidates, rounds_seen, key, now, spans)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from wse.firmware.deadlock import Proof, Ring, check_routes
 from wse.firmware.isa import DsdKind
 from wse.firmware.training import pipe
@@ -28,22 +30,37 @@ __all__ = ["phase_traffic", "weight_streaming_rings", "check_weight_streaming", 
 def phase_traffic(grid, decode) -> tuple[dict, dict]:
     """``(traffic, fields)`` of one phase's ``[H][W]`` record lists: per PE
     ``(colors received, colors sent)`` from the records' fabric descriptors,
-    and per PE its decoded ``(kind, fields)`` records."""
-    traffic, decoded = {}, {}
+    and per PE its decoded ``(kind, fields)`` records.
+
+    A record's words decide its kind, fields and colors, and most PEs of a
+    phase hold the same records, so each distinct record (and each distinct
+    list of them) is decoded once; the PEs that share it share its read-only
+    fields."""
+    traffic, decoded, records, pes = {}, {}, {}, {}
     for y, row in enumerate(grid):
         for x, ops in enumerate(row):
-            receives, sends, mine = set(), set(), []
-            for words in ops:
-                kind, fields = decode(words)[:2]
-                mine.append((kind, fields))
-                for value in fields.values():
-                    if isinstance(value, tuple) and value[0] == DsdKind.FABIN:
-                        receives.add(value[1])
-                    elif isinstance(value, tuple) and value[0] == DsdKind.FABOUT:
-                        sends.add(value[1])
-            traffic[(x, y)] = (receives, sends)
-            decoded[(x, y)] = mine
+            keys = tuple(words.tobytes() if isinstance(words, np.ndarray) else tuple(int(w) for w in words)
+                         for words in ops)
+            pe = pes.get(keys)
+            if pe is None:
+                mine, receives, sends = [], frozenset(), frozenset()
+                for key, words in zip(keys, ops):
+                    seen = records.get(key)
+                    if seen is None:
+                        seen = records[key] = _colors(*decode(words)[:2])
+                    mine.append(seen[:2])
+                    receives, sends = receives | seen[2], sends | seen[3]
+                pe = pes[keys] = (mine, receives, sends)
+            traffic[(x, y)] = (set(pe[1]), set(pe[2]))
+            decoded[(x, y)] = list(pe[0])
     return traffic, decoded
+
+
+def _colors(kind: str, fields: dict) -> tuple[str, dict, frozenset, frozenset]:
+    """A decoded record with the colors its fabric-in and fabric-out descriptors name."""
+    takes = frozenset(v[1] for v in fields.values() if isinstance(v, tuple) and v[0] == DsdKind.FABIN)
+    gives = frozenset(v[1] for v in fields.values() if isinstance(v, tuple) and v[0] == DsdKind.FABOUT)
+    return kind, fields, takes, gives
 
 
 def weight_streaming_rings(plan, decoded: dict) -> list[Ring]:
@@ -74,7 +91,7 @@ def check_weight_streaming(plan) -> list[Proof]:
     for name, phase in plan.phases.items():
         traffic, decoded = phase_traffic(phase.records, rec.decode)
         rings = weight_streaming_rings(plan, decoded)
-        key = (tuple(sorted((pe, frozenset(a), frozenset(b)) for pe, (a, b) in traffic.items())), tuple(rings))
+        key = (tuple((pe, frozenset(a), frozenset(b)) for pe, (a, b) in traffic.items()), tuple(rings))
         if key not in seen:     # phases with the same traffic and rings have the same graph
             seen[key] = check_routes(plan.config, plan.routes, what=f"weight-streaming phase {name!r}",
                                      traffic=traffic, rings=rings)

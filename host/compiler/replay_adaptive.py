@@ -1,0 +1,70 @@
+"""The replay's adaptive engine: every stretch of a run between two stops on
+whichever of the two engines is faster there.
+
+The reference engine (:func:`.replay._run`) and the fast one
+(:func:`.replay_events.run_events`) take the same decisions and leave the
+same state at every stop (``tests/test_compile_speed.py`` compares the whole
+state at every op row of a watched PE), and the fast engine starts from any
+state (it wakes every router with wavelets, every output queue with
+wavelets and every PE not done), so a run may change engine at any stop
+without changing a count: the cycles are the same whichever engine ran each
+stretch (``tests/test_replay_periods.py`` checks runs that change engine
+at every stop). Which engine is faster depends on the phase: the fast one
+where most of the fabric waits (the streamed GEMMs' ``fwd``), the reference
+where most routers grant every cycle (the weight gradients, the last
+layer's ``bwd-data``), where the fast engine's wake lists cost more than
+visiting everyone. :class:`AdaptiveRun` measures each engine's CPU seconds (of its thread)
+per replayed cycle on the stretches it runs, runs the cheaper one, and
+tries the other again every ``explore`` stretches.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .replay import _T
+
+__all__ = ["AdaptiveRun"]
+
+
+class AdaptiveRun:
+    """A run function with :func:`.replay._run`'s signature that runs each call
+    (a stretch up to the next stop) on one of ``engines`` (run functions of
+    that signature), the one with the lowest measured CPU seconds per cycle.
+
+    Stretches are told apart by the op row the watched PE starts them at (a
+    rotation, a stream of weights, a loop of outputs cost the engines
+    differently). For each such row every engine runs one stretch first;
+    then the cheapest runs, and every ``explore``-th stretch from that row
+    goes to the next engine to refresh its figure (the CPU seconds over the
+    cycles of its latest stretch from there). ``used[i]`` counts the
+    stretches of engine ``i``.
+    """
+
+    def __init__(self, engines, explore: int = 16):
+        self.engines = list(engines)
+        self.explore = explore
+        self.used = [0] * len(self.engines)
+        self._rows: dict[bytes, list] = {}        # op row -> [calls, cost per engine (None: not run yet)]
+
+    def pick(self, row: bytes) -> int:
+        """The engine of the next stretch from op row ``row`` (its bytes)."""
+        calls, costs = self._rows.setdefault(row, [0, [None] * len(self.engines)])
+        for i, c in enumerate(costs):
+            if c is None:
+                return i
+        best = min(range(len(costs)), key=lambda i: costs[i])
+        return (best + 1) % len(self.engines) if calls % self.explore == 0 else best
+
+    def __call__(self, routes, ports, ops, queues, cores, events, scalars, limit, watch):
+        row = ops[cores.pc[watch]].tobytes() if watch >= 0 else b""
+        i = self.pick(row)
+        entry = self._rows[row]
+        entry[0] += 1
+        self.used[i] += 1
+        began, cpu = int(scalars[_T]), time.thread_time()
+        status = self.engines[i](routes, ports, ops, queues, cores, events, scalars, limit, watch)
+        cycles = int(scalars[_T]) - began
+        if cycles > 0:
+            entry[1][i] = (time.thread_time() - cpu) / cycles
+        return status
