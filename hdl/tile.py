@@ -5,6 +5,13 @@ output feeds the PE. The tile splits the host bus between them (the route
 table answers ``HostSpace.ROUTE``, the PE every other space) and lets the PE
 select tasks only while the mesh runs, which is what makes ``launch`` take
 effect at the start of the next run (``docs/architecture.md`` section 5).
+
+Dead parts (``docs/faults.md`` section 3.3): a host-bus register
+(``HostSpace.DEAD``, address 0; bit ``p`` the link by mesh port ``p``, bit 4
+the PE) kills them. A dead PE is never enabled (it selects no task) and its
+RAMP links carry nothing (both ``valid`` and ``ready`` held low), so its
+router never delivers to it; a dead port's link carries nothing either way.
+The register resets to 0: nothing is dead.
 """
 
 from amaranth import Module, Mux, Shape, Signal
@@ -97,6 +104,10 @@ class Tile(wiring.Component):
     link_fault : Out(1)
         With ``link_ecc``: an uncorrectable wavelet arrived (stops the run).
 
+    The ``DEAD`` host space (address 0, read and write) holds the tile's dead
+    parts: bit ``p`` kills the link by mesh port ``p`` (N, E, S, W = 0..3),
+    bit 4 the PE (``docs/faults.md`` section 3.3).
+
     Attributes
     ----------
     router : Router
@@ -172,8 +183,9 @@ class Tile(wiring.Component):
         wiring.connect(m, pe.tx, router.rx[Port.RAMP])
         wiring.connect(m, router.tx[Port.RAMP], pe.rx)
 
+        dead = Signal(len(MESH_PORTS) + 1)      # HostSpace.DEAD: bit p port p, bit 4 the PE
         m.d.comb += [
-            pe.enable.eq(self.run),
+            pe.enable.eq(self.run & ~dead[4]),
             router.first_color.eq(self.first_color),
             self.idle.eq(router.idle & pe.idle),
             self.sent.eq(router.sent),
@@ -183,7 +195,7 @@ class Tile(wiring.Component):
         is_route = Signal()
         m.d.comb += [
             is_route.eq(host.space == HostSpace.ROUTE),
-            pe.host.stb.eq(host.stb & ~is_route & (host.space != HostSpace.LINK)),
+            pe.host.stb.eq(host.stb & ~is_route & (host.space != HostSpace.LINK) & (host.space != HostSpace.DEAD)),
             pe.host.sel.eq(host.sel),
             pe.host.we.eq(host.we),
             pe.host.bcast.eq(host.bcast),
@@ -199,9 +211,12 @@ class Tile(wiring.Component):
         route_rdata = Signal(ROUTE_BITS)
         with m.If(addressed & ~host.we):
             m.d.sync += [
-                route_read.eq(is_route),
-                route_rdata.eq(Mux(host.addr >> COLOR_BITS == 0, router.route.rdata, 0)),
+                route_read.eq(is_route | (host.space == HostSpace.DEAD)),
+                route_rdata.eq(Mux(is_route, Mux(host.addr >> COLOR_BITS == 0, router.route.rdata, 0),
+                                   Mux(host.addr == 0, dead, 0))),
             ]
+        with m.If(host.stb & host.we & (host.sel | host.bcast) & (host.space == HostSpace.DEAD) & (host.addr == 0)):
+            m.d.sync += dead.eq(host.wdata)
         if "clock" in pe.signature.members:      # a PE with memory flips armed at a cycle
             m.d.comb += pe.clock.eq(self.clock)
         pe_rdata = pe.host.rdata
@@ -209,4 +224,17 @@ class Tile(wiring.Component):
             link_read, link_rdata = self.link_ecc.elaborate(m, self, router, host, addressed)
             pe_rdata = Mux(link_read, link_rdata, pe_rdata)
         m.d.comb += host.rdata.eq(Mux(route_read, route_rdata, pe_rdata))
+        self._deaden(m, dead)
         return m
+
+    def _deaden(self, m, dead) -> None:
+        """Hold the links of the dead parts at nothing: ``valid`` and ``ready``
+        low both ways (these statements come after the wiring, so they win)."""
+        router, pe = self.router, self.pe
+        for port in MESH_PORTS:
+            with m.If(dead[int(port)]):
+                m.d.comb += [self.tx[port].valid.eq(0), router.tx[port].ready.eq(0),
+                             self.rx[port].ready.eq(0), router.rx[port].valid.eq(0)]
+        with m.If(dead[4]):
+            m.d.comb += [pe.rx.valid.eq(0), router.tx[Port.RAMP].ready.eq(0),
+                         pe.tx.ready.eq(0), router.rx[Port.RAMP].valid.eq(0)]

@@ -54,6 +54,7 @@ class HostSpace(enum.Enum, shape=3):
     ROUTE = 3    #: route of color ``addr``: input[2:0] | outputs[7:3]
     CTRL = 4     #: ``addr`` 0: write = activate task ``wdata`` (launch); reads: see ``COUNTER_ADDRS``
     LINK = 5     #: link ECC registers of the tile's ports (``wse.hdl.link_ecc.LINK_REGS``)
+    DEAD = 6     #: ``addr`` 0: the tile's dead parts, bit p port p (N, E, S, W), bit 4 the PE (``Tile``)
 
 
 #: Counter read addresses in the CTRL space (reads only), in this order from address 1

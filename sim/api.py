@@ -143,6 +143,26 @@ class RtlDevice(Device, Protocol):
         counters; memories keep their words) and forget collected outputs;
         the way out of a hung run."""
 
+    # Faults (docs/faults.md section 3): the golden model has these calls too.
+    def inject(self, x: int, y: int, addr: int, bits, cycle: int | None = None) -> None:
+        """Flip code-word bits ``bits`` (0..31 data, 32..38 check) of the stored
+        data-memory word ``addr`` of PE ``(x, y)``, now or armed at run cycle ``cycle``."""
+
+    def ecc_counters(self) -> dict[str, np.ndarray]:
+        """Memory ECC events per PE since ``reset_counters``: ``corrected`` and ``detected``, ``[h, w]``."""
+
+    def inject_link(self, x: int, y: int, port, bits, cycle: int = 0) -> None:
+        """Arm a flip of link code-word bits ``bits`` in the first wavelet leaving
+        router ``(x, y)`` through ``port`` in run cycle ``cycle`` or later."""
+
+    def link_ecc_counters(self) -> dict[str, np.ndarray]:
+        """Link ECC events since ``reset_counters``, ``[h, w, 4]`` by sending router and port."""
+
+    def kill(self, x: int, y: int, port=None) -> None:
+        """Kill PE ``(x, y)`` (``port`` None) or the link leaving router ``(x,
+        y)`` through ``port`` (both directions): a run that needs it hangs with
+        a report that names it."""
+
 
 def calls_of(protocol: type) -> tuple[str, ...]:
     """The calls (methods) a device protocol declares, in declaration order, its bases' first."""

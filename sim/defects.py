@@ -18,7 +18,7 @@ kept router) gets a pass-through route for the colors that cross it
 (:class:`RouteMapper`). A color that would cross such a router in both
 directions is refused (:class:`DefectError`: the route table holds one
 route per color per router). The physical device is told the defects
-(``kill``, where it has it: the golden model), so a mapping mistake ends in
+(``kill``, where it has it: the golden model and the RTL devices), so a mapping mistake ends in
 its hang report naming the dead part, never in silent success.
 """
 
@@ -396,7 +396,7 @@ class DefectDevice:
         self.width, self.height, self.colors = remap.width, remap.height, device.colors
         self.backend = device.backend
         self.mapper = RouteMapper(remap)
-        #: Whether the physical device models the dead parts (the golden model's ``kill``).
+        #: Whether the physical device models the dead parts (its ``kill``: the golden model, the RTL devices).
         self.models_defects = hasattr(device, "kill")
         if self.models_defects:
             for x, y in sorted(d.pes):

@@ -23,7 +23,7 @@ the flip for the first cycle of the run at or after ``CYCLE`` in which the PE
 runs no task), ``random:N,SEED`` one random
 bit in each of ``N`` random non-zero words (the program and its data),
 ``dead:X,Y`` kills a PE and ``dead:X,Y,PORT`` the link leaving router
-``(X, Y)`` through ``PORT`` (golden model only), and
+``(X, Y)`` through ``PORT`` (golden model and RTL backends), and
 ``link:X,Y,PORT,CYCLE,BIT[,BIT]`` arms a flip of one or two link code-word
 bits (0..37 the wavelet, 38..44 its check bits) in the first wavelet that
 crosses the link leaving router ``(X, Y)`` through ``PORT`` in run cycle
@@ -182,7 +182,8 @@ class _Injecting:
                 continue
             if spec[0] == "dead":
                 if not hasattr(dev, "kill"):
-                    raise UsageError(f"--inject dead:... needs the golden backend, not {getattr(dev, 'backend', '?')}")
+                    raise UsageError(f"--inject dead:... needs a device with dead parts (golden, verilator, icarus), "
+                                     f"not {getattr(dev, 'backend', '?')}")
                 dev.kill(*spec[1:])
                 continue
             n, rng = spec[1], np.random.default_rng(spec[2])
@@ -316,7 +317,7 @@ def _parser() -> _Parser:
     parser.add_argument("--inject", action="append", default=[],
                         help="before the run, flip stored memory bits (sram:X,Y,ADDR,BIT[,BIT...], at a cycle "
                         "sram@CYCLE:X,Y,ADDR,BIT[,BIT...], or random:N,SEED), "
-                        "kill a PE or link (dead:X,Y[,PORT], golden) or arm a link flip at a cycle "
+                        "kill a PE or link (dead:X,Y[,PORT], golden or RTL) or arm a link flip at a cycle "
                         "(link:X,Y,PORT,CYCLE,BIT[,BIT]); repeatable; prints the ECC counters")
     return parser
 

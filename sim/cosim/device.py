@@ -44,6 +44,9 @@ PROGRESS_WINDOW = 256
 
 _DEFAULT_LIMIT = 50_000_000
 
+#: The PE's bit in a tile's ``DEAD`` mask (bits 0..3: the links by N, E, S, W).
+_DEAD_PE = 1 << 4
+
 
 def edge_ports(config: FabricConfig) -> list[tuple[str, int]]:
     """Edge ports in the backends' numbering: N[0..W-1], E[0..H-1], S[0..W-1], W[0..H-1]."""
@@ -94,6 +97,10 @@ class RtlFabric(HostArgs, abc.ABC):
         self._faulty: set[tuple[int, int]] = set()
         # A link flip was armed since the last reset: a run may stop on an uncorrectable wavelet.
         self._link_armed = False
+        # Dead parts (kill): each tile's DEAD mask (bit p port p, bit 4 the PE), rewritten after a reset.
+        self._dead: dict[tuple[int, int], int] = {}
+        # Tasks launched since the last run (kept for dead PEs, which never run them), for the hang report.
+        self._launched: dict[tuple[int, int], set[int]] = {}
 
     # ------------------------------------------------------------------ primitives
     @abc.abstractmethod
@@ -275,6 +282,8 @@ class RtlFabric(HostArgs, abc.ABC):
             if not (0 <= task < self.config.tasks) or program is None or \
                     not any(t.id == task for t in program.tasks):
                 raise ProgramFault(f"PE ({x}, {y}): task {task} has no entry point in the program")
+        for cell in cells:
+            self._launched.setdefault(cell, set()).add(task)
         if self._whole(rect):
             self._write(HostSpace.CTRL, [0], task, bcast=True)
         else:
@@ -291,6 +300,7 @@ class RtlFabric(HostArgs, abc.ABC):
         self._check_usable()
         limit = _DEFAULT_LIMIT if max_cycles is None else int(max_cycles)
         status, cycles = self._execute(limit, PROGRESS_WINDOW)
+        self._launched = {cell: tasks for cell, tasks in self._launched.items() if self._dead.get(cell, 0) & _DEAD_PE}
         self._dirty[:] = True  # programs may have written anywhere
         self._collect()
         self.cycle = cycles
@@ -320,11 +330,13 @@ class RtlFabric(HostArgs, abc.ABC):
                 self.edge_out_cycles.setdefault(key, []).append(cycle)
 
     def _report(self) -> list[str]:
-        lines = []
+        lines = self._dead_parts()
         for y in range(self.height):
             for x in range(self.width):
                 state = self._tile_state(y * self.width + x)
-                if state & 2:
+                if self._dead.get((x, y), 0) & _DEAD_PE and self._launched.get((x, y)) and not state & 8:
+                    lines.append(f"PE ({x}, {y}) is dead: its task {min(self._launched[(x, y)])} never runs")
+                elif state & 2:
                     lines.append(f"PE ({x}, {y}) has a task running that waits for the fabric")
                 elif not state & 8:
                     lines.append(f"tile ({x}, {y}) is not idle: wavelets wait in its router or PE queues")
@@ -459,6 +471,45 @@ class RtlFabric(HostArgs, abc.ABC):
                 raise ecc.LinkEccError(ecc.link_report(x, y, p.name, nx, ny, cycle, word, bits >> 6 & 0x7F,
                                                        bits >> 13 & 0x3F))
 
+    # ------------------------------------------------------------------ dead parts
+    def kill(self, x: int, y: int, port=None) -> None:
+        """Kill PE ``(x, y)`` (``port`` None) or the link leaving router ``(x,
+        y)`` through ``port`` (N, E, S or W, toward a neighbour: both
+        directions die), as the golden model's ``kill`` does: a ``DEAD`` write
+        at each tile concerned (``docs/faults.md`` section 3.3). A dead PE
+        runs no task and takes no wavelet; a dead link carries none; a run
+        that needs them ends in :class:`~wse.sim.golden.FabricHang` whose
+        report starts with the dead parts, in the golden model's words."""
+        self._tile(x, y)
+        if port is None:
+            self._set_dead(x, y, _DEAD_PE)
+            return
+        try:
+            p = Port[port.upper()] if isinstance(port, str) else Port(port)
+        except (KeyError, ValueError):
+            p = None
+        if p not in (Port.N, Port.E, Port.S, Port.W) or not (0 <= x + p.delta[0] < self.width
+                                                               and 0 <= y + p.delta[1] < self.height):
+            raise UsageError(f"kill: port must be N, E, S or W toward a neighbour of router ({x}, {y}), not {port!r}")
+        self._set_dead(x, y, 1 << int(p))
+        self._set_dead(x + p.delta[0], y + p.delta[1], 1 << int(p.opposite))
+
+    def _set_dead(self, x: int, y: int, bits: int) -> None:
+        mask = self._dead.get((x, y), 0) | bits
+        self._write(HostSpace.DEAD, [0], mask, x, y)
+        self._dead[(x, y)] = mask
+
+    def _dead_parts(self) -> list[str]:
+        """One line per dead PE and dead link, in the golden model's order and words."""
+        lines = [f"PE ({x}, {y}) is dead" for (x, y), mask in sorted(self._dead.items(), key=lambda c: c[0][::-1])
+                 if mask & _DEAD_PE]
+        for (x, y), mask in sorted(self._dead.items(), key=lambda c: c[0][::-1]):
+            for p in (Port.E, Port.S):
+                if mask >> int(p) & 1:
+                    nx, ny = x + p.delta[0], y + p.delta[1]
+                    lines.append(f"the link between routers ({x}, {y}) and ({nx}, {ny}) is dead")
+        return lines
+
     # ------------------------------------------------------------------ RTL extras
     def registers(self, x: int, y: int) -> list[int]:
         """The 16 scalar registers of PE ``(x, y)`` (``r0`` reads 0)."""
@@ -490,6 +541,9 @@ class RtlFabric(HostArgs, abc.ABC):
         self._reset_hardware()
         self._hung = False
         self._link_armed = False
+        self._launched.clear()
+        for (x, y), mask in self._dead.items():   # the DEAD registers reset to 0; the parts stay dead
+            self._write(HostSpace.DEAD, [0], mask, x, y)
         self._dirty[:] = True
         self._programs = [None] * self.config.num_pes
         self.edge_out.clear()

@@ -27,13 +27,14 @@ from pathlib import Path
 
 from wse.config import FabricConfig, UsageError
 from wse.sim.api import RTL_CALLS, RtlDevice
-from wse.sim.golden import FabricHang, ProgramFault
+from wse.sim.golden import FabricHang, ProgramFault, ecc
 
 from .build import cocotb_build
 
 __all__ = ["CocotbProxyFabric", "IcarusFabric"]
 
-_ERRORS = {"UsageError": UsageError, "ProgramFault": ProgramFault}
+_ERRORS = {"UsageError": UsageError, "ProgramFault": ProgramFault, "EccError": ecc.EccError,
+           "LinkEccError": ecc.LinkEccError}
 _CONNECT_TIMEOUT = 120.0
 #: Seconds between the progress lines of a simulator that is starting or of a call still running.
 PROGRESS_EVERY = 10.0
@@ -158,7 +159,7 @@ class CocotbProxyFabric:
 
     # ------------------------------------------------------------------ host API
     # Every call of wse.sim.api.RtlDevice is sent to the simulator (_remote, below the class);
-    # these two first turn their iterables into lists, which travel over the connection.
+    # these four first turn their iterables into lists, which travel over the connection.
     def set_route(self, x, y, color, input, outputs):
         """See :meth:`wse.sim.api.Device.set_route`."""
         return self._call("set_route", x, y, color, input, list(outputs))
@@ -166,6 +167,14 @@ class CocotbProxyFabric:
     def load_routes(self, table):
         """See :meth:`wse.sim.api.Device.load_routes`."""
         return self._call("load_routes", [(x, y, c, i, list(o)) for x, y, c, i, o in table])
+
+    def inject(self, x, y, addr, bits, cycle=None):
+        """See :meth:`wse.sim.api.RtlDevice.inject`."""
+        return self._call("inject", x, y, addr, _listed(bits), cycle)
+
+    def inject_link(self, x, y, port, bits, cycle=0):
+        """See :meth:`wse.sim.api.RtlDevice.inject_link`."""
+        return self._call("inject_link", x, y, port, _listed(bits), cycle)
 
     @property
     def edge_out(self):
@@ -176,6 +185,14 @@ class CocotbProxyFabric:
     def edge_out_cycles(self):
         """The run cycles of :attr:`edge_out`."""
         return self._call("outputs")[1]
+
+
+def _listed(values):
+    """An iterable as a list (it travels over the connection); anything else as it is, for the device to refuse."""
+    try:
+        return list(values)
+    except TypeError:
+        return values
 
 
 def _remote(name: str):

@@ -37,6 +37,8 @@ __all__ = ["Divergence", "Lockstep", "golden_emits"]
 
 _EDGE_PES = {"N": lambda i, w, h: (i, 0), "S": lambda i, w, h: (i, h - 1),
              "W": lambda i, w, h: (0, i), "E": lambda i, w, h: (w - 1, i)}
+#: The lines of a hang report that name a dead part or a dead PE's task (both devices must give the same).
+_DEAD_LINE = re.compile(r"^(PE \(\d+, \d+\) is dead|the link between routers )")
 _SEND = re.compile(r"^\s*(\d+) send  color (\d+) data (0x[0-9a-f]+) ctrl (\d)")
 
 
@@ -204,6 +206,11 @@ class Lockstep:
                     hit += 1
         return hit
 
+    def kill(self, x, y, port=None):
+        """Kill the same PE (``port`` None) or link on both devices; a run that
+        needs it must then hang on both with the same dead parts reported."""
+        self._both("kill", x, y, port)
+
     def inject_link(self, x, y, port, bits, cycle=0):
         """Arm the same link flip on both devices."""
         self._both("inject_link", x, y, port, list(bits), cycle)
@@ -272,6 +279,11 @@ class Lockstep:
         if isinstance(failures[0], (EccError, LinkEccError)) and str(failures[0]) != str(failures[1]):
             raise Divergence(f"run {self.runs}: different error reports", {"kind": "error"},
                              [f"reference: {failures[0]}", f"device: {failures[1]}"])
+        if isinstance(failures[0], FabricHang):
+            dead = [line for line in failures[0].report if _DEAD_LINE.match(line)]
+            if [line for line in failures[1].report if _DEAD_LINE.match(line)] != dead:
+                raise Divergence(f"run {self.runs}: different dead parts reported", {"kind": "error"},
+                                 [f"reference: {failures[0]}", f"device: {failures[1]}"])
         if self._link_injected:
             self.link_ecc_counters()
         if failures[0] is not None:

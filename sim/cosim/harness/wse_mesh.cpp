@@ -14,6 +14,7 @@
 //     neighbour by the opposite port; on the boundary it is an edge port;
 //     the link ECC of hdl/link_ecc.py (LINK space, armed flips, counters, an
 //     uncorrectable wavelet stopping the run) is done here too (LinkEnd);
+//     so are the dead parts of the DEAD space (dead_parts.h);
 //   * run control: `start` zeroes cycle, hops and the arbitration start color
 //     and sets running; a run cycle that begins with every tile idle and no
 //     edge wavelet pending ends the run, any other counts up;
@@ -47,6 +48,7 @@
 #include "Vwse_router___024root.h"
 #include "verilated.h"
 
+#include "dead_parts.h"
 #include "link_ecc.h"
 
 #include <algorithm>
@@ -184,6 +186,7 @@ struct Tile {
     LinkEnd link_in[kMeshPorts];  // the links entering by N, E, S, W (link_ecc.h)
     bool link_fault = false;    // some link_in latched an uncorrectable wavelet
     bool flip_armed = false;    // a memory flip was armed at a run cycle: the PE is evaluated every cycle
+    uint8_t dead = 0;           // the DEAD space: bit p port p dead, bit 4 the PE (dead_parts.h)
 };
 
 class Mesh {
@@ -255,6 +258,7 @@ class Mesh {
             t.r_low = t.p_low = false;
             for (LinkEnd& e : t.link_in) e = LinkEnd();
             t.link_fault = t.flip_armed = false;
+            t.dead = 0;
             capture_router(t);
             t.pe_ready_in = t.r.rx_ready[kRamp];
             pe->tx_ready = t.pe_ready_in;
@@ -286,8 +290,9 @@ class Mesh {
             const int last = bcast ? static_cast<int>(tiles_.size()) : first + 1;
             for (int k = first; k < last; ++k) {
                 Tile& t = tiles_[k];
-                if (space == kLinkSpace) {
-                    const uint32_t got = link_host(t, addr, we, wdata[i]);
+                if (space == kLinkSpace || space == kDeadSpace) {
+                    const uint32_t got = space == kLinkSpace ? link_host(t, addr, we, wdata[i])
+                                                             : dead_host(t.dead, addr, we, wdata[i]);
                     if (!we) rdata[i] = got;
                 } else if (space == kRouteSpace) {
                     Vwse_router* router = t.router.get();
@@ -364,7 +369,7 @@ class Mesh {
         first_color_ = 0;
         run_cycle_ = 0;
         quiet_ = 0;
-        for (Tile& t : tiles_) t.pe->enable = 1;
+        for (Tile& t : tiles_) t.pe->enable = !dead_link(t.dead, kRamp);
     }
 
     int step(int64_t max_steps, int64_t max_cycles, int64_t window) {
@@ -480,7 +485,7 @@ class Mesh {
 
     // The PE's tx_ready input is the router's RAMP ready; returns whether it changed.
     bool apply_pe_ready(Tile& t) {
-        const uint32_t ready = t.r.rx_ready[kRamp];
+        const uint32_t ready = dead_link(t.dead, kRamp) ? 0 : t.r.rx_ready[kRamp];
         if (ready == t.pe_ready_in) return false;
         t.pe->tx_ready = ready;
         t.pe_ready_in = ready;
@@ -495,13 +500,15 @@ class Mesh {
             Vwse_router* m = t.router.get();
             uint32_t ready[kMeshPorts];
             for (int p = 0; p < kMeshPorts; ++p) {
-                ready[p] = t.neighbour[p] >= 0 ? tiles_[t.neighbour[p]].r.rx_ready[kOpposite[p]] : all_colors_;
+                const int nb = t.neighbour[p];
+                ready[p] = dead_link(t.dead, p) ? 0 : nb < 0 ? all_colors_
+                         : dead_link(tiles_[nb].dead, kOpposite[p]) ? 0 : tiles_[nb].r.rx_ready[kOpposite[p]];
             }
             m->tx_0_ready = ready[0];
             m->tx_1_ready = ready[1];
             m->tx_2_ready = ready[2];
             m->tx_3_ready = ready[3];
-            m->tx_4_ready = t.p.rx_ready;
+            m->tx_4_ready = dead_link(t.dead, kRamp) ? 0 : t.p.rx_ready;
             m->first_color = first_color_;
             m->clk = 0;
             evaluate(m);
@@ -541,7 +548,8 @@ class Mesh {
             const int nb = t.neighbour[p];
             if (nb >= 0) {
                 const Sends& from = tiles_[nb].s;
-                in_valid[p] = from.r_active && from.r_valid[kOpposite[p]];
+                in_valid[p] = from.r_active && from.r_valid[kOpposite[p]] && !dead_link(t.dead, p) &&
+                              !dead_link(tiles_[nb].dead, kOpposite[p]);
                 in_payload[p] = from.r_payload[kOpposite[p]];
                 if (in_valid[p] && t.link_in[p].armed && link_cross(t.link_in[p], cycle, in_valid[p], in_payload[p])) {
                     t.link_fault = true;  // an uncorrectable wavelet: the run stops
@@ -552,12 +560,12 @@ class Mesh {
             }
             receives |= in_valid[p] != 0;
         }
-        const bool pe_sends = s.p_active && s.p_valid;
+        const bool pe_sends = s.p_active && s.p_valid && !dead_link(t.dead, kRamp);
         in_valid[kRamp] = pe_sends;
         in_payload[kRamp] = s.p_payload;
         receives |= pe_sends;
         if (pe_sends && trace_) emits_[t.index].push_back({s.p_payload, cycle});
-        const bool router_delivers = s.r_active && s.r_valid[kRamp];
+        const bool router_delivers = s.r_active && s.r_valid[kRamp] && !dead_link(t.dead, kRamp);
         t.cycle_sent = s.r_active ? s.sent : 0;
         t.cycle_progress = pe_sends || (s.p_active && s.work) || t.cycle_sent;
 
@@ -613,7 +621,7 @@ class Mesh {
                 if (tile.s.r_active && tile.s.r_valid[side]) out_[port].push_back({tile.s.r_payload[side], t});
                 tile.edge_valid[side] = 0;
                 if (queued_[port] == 0) continue;
-                const uint32_t ready = tile.r.rx_ready[side];
+                const uint32_t ready = dead_link(tile.dead, side) ? 0 : tile.r.rx_ready[side];
                 for (int k = 0; k < colors_; ++k) {
                     const int c = (first_color_ + k) % colors_;
                     auto& q = queues_[port][c];
