@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from wse import numerics as fp
+from wse.firmware.training import numerics as fw_numerics
 from wse.firmware.training import transformer as ops
 from wse.host.compiler.transformer_capture import capture
+from wse.host.runtime import kernels
 from wse.host.runtime import transformer_elementwise as te
 from wse.host.runtime import transformer_kernels as tk
+from wse.host.runtime import transformer_loss as tl
 from wse.host.runtime.transformer_reference import TransformerReference
 
 RNG = np.random.default_rng(7)
@@ -45,6 +49,58 @@ def test_linear_kernels_equal_reference(awkward, rows):
         g, gb = tk.linear_weight_partials(x, dy, blocks)
         want_w, want_b = ops.linear_weight_grad(x, dy, blocks)
         assert np.array_equal(tk.fold(g), want_w) and np.array_equal(tk.fold(gb), want_b)
+        g2, gb2, dx = tk.linear_backward(x, dy, w, rows, blocks)
+        assert np.array_equal(g2, g) and np.array_equal(gb2, gb)
+        assert np.array_equal(dx, ops.linear_input_grad(dy, w, rows))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_linear_fast_loops_equal_reference(rows):
+    """The GEMM loops without flushing (:mod:`transformer_gemm`), taken when every nonzero product
+    is at least 2^-102: bit for bit with the reference, a NaN from inf * 0 made canonical."""
+    x, w, b, dy = _bits(37, 48), _bits(21, 48), _bits(21), _bits(37, 21)
+    x[3, 5], w[2, 5], dy[4, 6] = 0x7F800000, 0, 0xFF800000          # +inf, +0, -inf
+    fx, fw, fdy = (ops.floats(a) for a in (x, w, dy))
+    assert kernels.fast_is_exact(fw, fx.T, ops.floats(b)) and kernels.fast_is_exact(fw, fdy.T)
+    assert kernels.fast_is_exact(fx, fdy.T) and kernels.min_abs_nonzero(fdy) >= kernels.SAFE
+    y = tk.linear(x, w, b, rows)
+    assert np.array_equal(y, ops.linear(x, w, b, rows)) and np.any(y == 0x7FC00000)
+    assert np.array_equal(tk.linear(x, w, None, rows), ops.linear(x, w, None, rows))
+    assert np.array_equal(tk.linear_input_grad(dy, w, rows), ops.linear_input_grad(dy, w, rows))
+    for blocks in (None, [10, 27], [1] * 37):
+        g, gb = tk.linear_weight_partials(x, dy, blocks)
+        want_w, want_b = ops.linear_weight_grad(x, dy, blocks)
+        assert np.array_equal(tk.fold(g), want_w) and np.array_equal(tk.fold(gb), want_b)
+        g2, gb2, dx = tk.linear_backward(x, dy, w, rows, blocks)
+        assert np.array_equal(g2, g) and np.array_equal(gb2, gb)
+        assert np.array_equal(dx, ops.linear_input_grad(dy, w, rows))
+    params = _bits(9, 4, awkward=True)
+    assert np.array_equal(tk.flushed(ops.floats(params)), ops.bits(ops.floats(params)))
+
+
+@pytest.mark.parametrize("infinite", [False, True])
+def test_batched_product_fast_loop_equals_reference(infinite):
+    """The attention products' loop without flushing: causal zeros in ``a`` skipped while every ``b``
+    is finite, not skipped (``0 * inf`` is NaN, made canonical) otherwise."""
+    a, b = _bits(3, 10, 10), _bits(3, 10, 6)
+    a[:, np.triu_indices(10, 1)[0], np.triu_indices(10, 1)[1]] = 0
+    a[0, 0, 0] = 0x80000000                                           # -0
+    if infinite:
+        b[1, 9, 2] = 0x7F800000
+    assert kernels.fast_is_exact(ops.floats(a), ops.floats(b))
+    got = tk.batched_product(a, b)
+    assert np.array_equal(got, ops._masked_product(a, b))
+    assert np.any(got == 0x7FC00000) == infinite
+
+
+@pytest.mark.parametrize("awkward", [False, True])
+def test_block_sums_equal_reference(awkward):
+    a, b = _bits(30, 7, awkward=awkward), _bits(30, 7, awkward=awkward)
+    for blocks in (None, [3, 20, 7], [1] * 30):
+        starts, counts = tk.block_bounds(30, blocks)
+        for factor, terms in ((None, a), (b, fp.vmul(a, b))):
+            want = np.stack([ops.accumulate(terms[s:s + c], 0) for s, c in zip(starts, counts)])
+            assert np.array_equal(tk.block_sums(a, blocks, factor), want)
 
 
 @pytest.mark.parametrize("awkward", [False, True])
@@ -68,6 +124,47 @@ def test_gelu_kernels_equal_reference(approximate, awkward):
     xb, dy = x.view(np.uint32), _bits(4000)
     assert np.array_equal(te.gelu(xb, approximate), ops.gelu(xb, approximate))
     assert np.array_equal(te.gelu_backward(dy, xb, approximate), ops.gelu_backward(dy, xb, approximate))
+
+
+@pytest.mark.parametrize("case", ["fast", "huge", "nonfinite"])
+def test_causal_softmax_both_paths_equal_reference(case):
+    """The vectorized exps (finite scores of at most 2^20, subnormals flushed as read) and the scalar
+    loop (anything else) give the reference's bits."""
+    scores = (RNG.standard_normal((4, 9, 9)) * RNG.choice([1e-3, 1.0, 50.0, 1e5], (4, 9, 9))).astype(np.float32)
+    scores[0, 3, :4] = [1e-39, -1e-40, -0.0, 2.0 ** 20]
+    scores[1, 5, :6] = [-(2.0 ** 20), 2.0 ** 20, 3.0, -1e-45, 0.0, -0.0]
+    if case == "huge":
+        scores[2, 4, 1] = 3e7
+    if case == "nonfinite":
+        scores[2, 4, 1], scores[3, 8, 2], scores[3, 2, 0] = np.inf, -np.inf, np.nan
+    bits = scores.view(np.uint32)
+    assert te._fast(scores.reshape(-1)) == (case == "fast")
+    assert np.array_equal(te.causal_softmax(bits), ops.causal_softmax(bits))
+
+
+@pytest.mark.parametrize("case", ["fast", "huge", "nonfinite"])
+def test_loss_delta_both_paths_equal_reference(case):
+    logits = (RNG.standard_normal((40, 17)) * RNG.choice([1e-3, 1.0, 30.0, 1e5], (40, 17))).astype(np.float32)
+    logits[0, :6] = [1e-39, -1e-40, -0.0, 2.0 ** 20, -(2.0 ** 20), 0.0]
+    logits[1] = 0.0                                                     # every class equal
+    if case == "huge":
+        logits[2, 4] = -3e7
+    if case == "nonfinite":
+        logits[2, 4], logits[3, 8], logits[5, 2] = np.inf, -np.inf, np.nan
+    bits, targets = logits.view(np.uint32), RNG.integers(0, 17, 40)
+    assert te._fast(logits.reshape(-1)) == (case == "fast")
+    for count in (None, 40, 3000):
+        assert np.array_equal(tl.sequence_cross_entropy_delta(bits, targets, count),
+                              ops.sequence_cross_entropy_delta(bits, targets, count))
+
+
+def test_vectorized_exp_equals_reference_on_its_range():
+    """:func:`te._exp_fast` is the firmware's ``exp`` on every argument in ``[-2^21, 0]``, near the
+    flush to zero and at the ends included."""
+    x = np.concatenate([-np.geomspace(1e-30, 2.0 ** 21, 20000), -RNG.uniform(80, 110, 5000),
+                        [0.0, -0.0, -(2.0 ** 21), -87.33654, -88.72284, -103.27893, -1e-45]]).astype(np.float32)
+    x = ops.floats(ops.bits(x))
+    assert np.array_equal(te._exp_fast(x.copy()).view(np.uint32), fw_numerics.exp(x.view(np.uint32)))
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16])

@@ -251,10 +251,16 @@ def _softmax_backward_k(p, dp, scale, out):
 
 
 def causal_softmax(scores) -> np.ndarray:
-    """:func:`wse.firmware.training.transformer.causal_softmax` of ``[S, T, T]``, compiled."""
+    """:func:`wse.firmware.training.transformer.causal_softmax` of ``[S, T, T]``, compiled (the
+    exps vectorized where every score is finite and at most ``2^20`` in magnitude)."""
     fs = _floats(scores)
     out = np.empty_like(fs)
-    _softmax_k(fs, out)
+    if _fast(fs.reshape(-1)):
+        x = np.empty_like(fs)
+        _softmax_args_k(fs, x)
+        _softmax_finish_k(_exp_fast(x.reshape(-1)).reshape(fs.shape), out)
+    else:
+        _softmax_k(fs, out)
     return out.view(np.uint32)
 
 
@@ -361,6 +367,8 @@ def sequence_cross_entropy_delta(logits, targets, count: int | None = None) -> n
 # or an infinity, every exp argument is <= 0 (so exp's 2^n is a power of two in [2^-126, 1]
 # or the result is flushed), and flushing each result is all the fabric's rules add. The
 # stages split where exp adds n to the exponent field (integer arithmetic on a uint32 view).
+# The causal softmax (and the loss delta, :mod:`.transformer_loss`) run their exps on the same
+# stages under the same condition on their inputs: every argument is then in [-2^21, 0].
 
 _FAST_LIMIT = np.float32(2.0 ** 20)
 
@@ -425,21 +433,26 @@ def _erf_stage1(u, xc, arg):
         arg[i] = _v(_v(a * a) * _MONE)
 
 
-_ERF_SMALL_T = tuple(_ERF_SMALL.tolist())
-_ERF_LARGE_T = tuple(_ERF_LARGE.tolist())
+# erf's coefficients as float32 globals (numba folds them into the code; a loop that
+# indexes a tuple with its counter is not vectorized, and was 12x slower).
+_S0, _S1, _S2, _S3, _S4, _S5, _S6 = (np.float32(c) for c in _ERF_SMALL)
+(_L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10, _L11, _L12) = (np.float32(c) for c in _ERF_LARGE)
+
+
+@njit(inline="always")
+def _h(p, z, c):
+    """One Horner step ``add(mul(p, z), c)``."""
+    return _v(_v(p * z) + c)
 
 
 @njit(inline="always")
 def _erf_finish(x, e):
     z = _v(x * x)
-    q = np.float32(_ERF_SMALL_T[6])
-    for j in range(5, -1, -1):
-        q = _v(_v(q * z) + np.float32(_ERF_SMALL_T[j]))
+    q = _h(_h(_h(_h(_h(_h(_S6, z, _S5), z, _S4), z, _S3), z, _S2), z, _S1), z, _S0)
     small = _v(x * q)
     a = _vmax(x, _v(x * _MONE))
-    rr = np.float32(_ERF_LARGE_T[12])
-    for j in range(11, -1, -1):
-        rr = _v(_v(rr * a) + np.float32(_ERF_LARGE_T[j]))
+    rr = _h(_h(_h(_h(_h(_h(_L12, a, _L11), a, _L10), a, _L9), a, _L8), a, _L7), a, _L6)
+    rr = _h(_h(_h(_h(_h(_h(rr, a, _L5), a, _L4), a, _L3), a, _L2), a, _L1), a, _L0)
     large = _v(_ONE - _v(e * rr))
     large = _v(large * _v(_v(_vmask(x) * _TWO) - _ONE))
     m = _vmask(_v(_ERF_SPLIT - a))
@@ -472,6 +485,42 @@ def _half_square_k(v, out):
     """``neg(mul(mul(x, x), 0.5))``."""
     for i in range(v.size):
         out[i] = _v(_v(_v(v[i] * v[i]) * _HALF) * _MONE)
+
+
+@njit(fastmath=False, cache=True)
+def _softmax_args_k(s, x):
+    """exp's arguments of the causal softmax: ``sub(s[i, j], m_i)`` for ``j <= i`` (``m_i`` the
+    running ``max`` of the row's visible scores, each flushed as read), ``+0`` above the diagonal.
+    With finite scores of at most ``2^20`` each is in ``[-2^21, 0]``, the range of :func:`_exp_fast`."""
+    for q in range(s.shape[0]):
+        for i in range(s.shape[1]):
+            row, xr = s[q, i], x[q, i]
+            m = _v(row[0])
+            for j in range(1, i + 1):
+                m = _vmax(m, _v(row[j]))
+            for j in range(i + 1):
+                xr[j] = _v(_v(row[j]) - m)
+            for j in range(i + 1, xr.shape[0]):
+                xr[j] = _ZERO
+
+
+@njit(fastmath=False, cache=True)
+def _softmax_finish_k(e, out):
+    """``p = mul(e, reciprocal(Z))`` with ``Z = +0 + e[i, 0] + ... + e[i, i] (+0)`` (every term
+    in ``[0, 1]``, ``Z >= 1``: nothing to flush, no NaN), ``+0`` above the diagonal."""
+    f = np.zeros(1, dtype=np.float32)
+    u = f.view(np.uint32)
+    for q in range(e.shape[0]):
+        for i in range(e.shape[1]):
+            er, o = e[q, i], out[q, i]
+            z = _ZERO
+            for j in range(i + 1):
+                z = _v(z + er[j])
+            inv = _reciprocal(_v(z + _ZERO), f, u)
+            for j in range(i + 1):
+                o[j] = _v(er[j] * inv)
+            for j in range(i + 1, o.shape[0]):
+                o[j] = _ZERO
 
 
 def _fast(fx: np.ndarray) -> bool:

@@ -35,6 +35,7 @@ from wse.host.compiler.transformer_ir import (GELU, Add, CausalAttention, Causal
 
 from . import transformer_elementwise as te
 from . import transformer_kernels as tk
+from . import transformer_loss as tl
 from .loss import cross_entropy
 
 __all__ = ["TransformerReference", "ReferenceStep", "ShardStep"]
@@ -84,6 +85,12 @@ class ShardStep:
     rows: dict[str, tuple[np.ndarray, np.ndarray, int]]
 
 
+def _patterns(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every parameter as binary32 patterns flushed as the fabric reads them (:func:`ops.bits`'s
+    values; the flushing copy only where a parameter holds a subnormal)."""
+    return {k: tk.flushed(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
+
+
 class _Partials:
     """Where the backward pass leaves a shard's parameter gradients (see :class:`ShardStep`)."""
 
@@ -92,10 +99,10 @@ class _Partials:
         self.sums: dict[str, np.ndarray] = {}
         self.rows: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
 
-    def token_sums(self, name: str, terms: np.ndarray) -> None:
-        """Each block's ``+0 + terms[t0] + terms[t0+1] + ...`` of ``terms [n, ...]``."""
-        starts, counts = tk.block_bounds(terms.shape[0], self.blocks)
-        self.sums[name] = ops.floats(np.stack([ops.accumulate(terms[s:s + c], 0) for s, c in zip(starts, counts)]))
+    def token_sums(self, name: str, terms: np.ndarray, factor: np.ndarray | None = None) -> None:
+        """Each block's ``+0 + terms[t0] + terms[t0+1] + ...`` of ``terms [n, d]`` (each term
+        ``mul(terms[t], factor[t])`` if a ``factor`` is given)."""
+        self.sums[name] = ops.floats(tk.block_sums(terms, self.blocks, factor))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +179,11 @@ class TransformerReference:
         return groups
 
     # -- forward -----------------------------------------------------------
-    def _forward(self, params: Mapping[str, np.ndarray], tokens: np.ndarray) -> tuple[dict, dict]:
+    def _forward(self, params: Mapping[str, np.ndarray], tokens: np.ndarray,
+                 w: Mapping[str, np.ndarray] | None = None) -> tuple[dict, dict]:
         values: dict[str, np.ndarray] = {}
         saved: dict[str, dict] = {}
-        w = {k: ops.bits(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
+        w = _patterns(params) if w is None else w
         batch = tokens.shape[0]
         for node in self.graph.nodes:
             x = values.get(node.inputs[0]) if node.inputs else None
@@ -258,7 +266,8 @@ class TransformerReference:
         missing = sorted(set(self.graph.parameters()) - set(params))
         if missing:
             raise UsageError(f"parameters missing: {', '.join(missing)}")
-        values, saved = self._forward(params, tokens)
+        w = _patterns(params)
+        values, saved = self._forward(params, tokens, w)
         logits = values[self.graph.output]
         vocab = logits.shape[-1]
         flat = logits.reshape(-1, vocab)
@@ -266,9 +275,8 @@ class TransformerReference:
         blocks = list(blocks) if blocks is not None else [flat.shape[0]]
         tk.block_bounds(flat.shape[0], blocks)          # checks them
         grads = _Partials(blocks)
-        pending = {self.graph.output: te.sequence_cross_entropy_delta(flat, targets.reshape(-1),
+        pending = {self.graph.output: tl.sequence_cross_entropy_delta(flat, targets.reshape(-1),
                                                                        count).reshape(logits.shape)}
-        w = {k: ops.bits(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
         for node in reversed(self.graph.nodes):
             g = pending.pop(node.name, None)
             if g is not None:
@@ -283,7 +291,7 @@ class TransformerReference:
         summed over every token's ``dx`` in token order."""
         grads: dict[str, np.ndarray] = {}
         for name in shards[0].partials:
-            grads[name] = ops.floats(tk.fold(ops.bits(np.concatenate([s.partials[name] for s in shards]))))
+            grads[name] = ops.floats(tk.fold(fp.as_bits(np.concatenate([s.partials[name] for s in shards]))))
         for name, (_, _, rows) in shards[0].rows.items():
             dx = np.concatenate([s.rows[name][0] for s in shards])
             index = np.concatenate([s.rows[name][1] for s in shards])
@@ -304,16 +312,16 @@ class TransformerReference:
         if isinstance(node, LayerNorm):
             dy = g.reshape(-1, node.features)
             dx = te.layernorm_input_grad(dy, w[node.weight_name], saved[node.name], self.rows)
-            grads.token_sums(node.weight_name, fp.vmul(dy, saved[node.name]["xhat"]))
+            grads.token_sums(node.weight_name, dy, saved[node.name]["xhat"])
             grads.token_sums(node.bias_name, dy)
             return [(node.inputs[0], dx.reshape(g.shape))]
         if isinstance(node, TokenLinear):
             dy = g.reshape(-1, node.out_features)
-            dw, db = tk.linear_weight_partials(x.reshape(-1, node.in_features), dy, grads.blocks)
+            dw, db, dx = tk.linear_backward(x.reshape(-1, node.in_features), dy, w[node.weight_name], self.rows,
+                                            grads.blocks)
             grads.sums[node.weight_name] = ops.floats(dw)
             if node.bias:
                 grads.sums[node.bias_name] = ops.floats(db)
-            dx = tk.linear_input_grad(dy, w[node.weight_name], self.rows)
             return [(node.inputs[0], dx.reshape(x.shape))]
         if isinstance(node, GELU):
             return [(node.inputs[0], te.gelu_backward(g, x, node.approximate))]
