@@ -17,10 +17,12 @@ golden model's counts: ``tests/test_token_passes.py``):
   the passes themselves cost (gathers, refilling the ring per pass).
 
 Models: FC-MNIST (784-256-256-10) and ``Linear(64, 256), ReLU, Linear(256, 64)``
-(the width of the GPT example's MLP). Every token's activations stay on its
-PE, so 32 tokens per PE need more than the default 8,192 words (FC-MNIST 11,345,
-the other 12,709, op lists included): the runs get ``sram_words=16384``; no
-cycle depends on the memory size.
+(the width of the GPT example's MLP). The runs use the default
+``FabricConfig`` (8,192 words per PE); the ``step`` line's ``words_per_pe`` and
+``sram_words`` give the memory the large batch uses (op lists included)
+against what a PE has. Only the hypothetical one-pass fabric gets
+``sram_words=16384`` (its buffers hold all 32 tokens at once); no cycle
+depends on the memory size.
 
     .venv/bin/python bench/token_passes.py [--mesh 16x16] [--base 8] [--large 32]
 """
@@ -47,7 +49,8 @@ MODELS = {
 
 
 def step(model: nn.Module, batch: int, config: FabricConfig) -> tuple[dict, float]:
-    """Cycles of one training step by phase group and in total, and the compile's CPU seconds."""
+    """Cycles of one training step by phase group and in total (and ``words``, the words per PE
+    its memory map uses), and the compile's CPU seconds."""
     features = model[0].in_features
     start = time.process_time()
     exe = compile_model(model, torch.zeros(batch, features), batch=batch, config=config)
@@ -55,6 +58,7 @@ def step(model: nn.Module, batch: int, config: FabricConfig) -> tuple[dict, floa
     names = exe.sequences["train"]
     out = {g: sum(exe.phases[n].cycles for n in names if exe.phases[n].group == g) for g in GROUPS}
     out["step"] = sum(exe.phases[n].cycles for n in names)
+    out["words"] = max(addr + words for addr, words in exe.regions.values())
     return out, seconds
 
 
@@ -68,8 +72,8 @@ def main() -> None:
     width, height = parse_mesh(args.mesh)
     for name in args.models.split(","):
         make = MODELS[name]
-        config = FabricConfig(width=width, height=height, sram_words=16384)
-        deep = config.replace(rx_depth=config.rx_depth + args.large)         # one pass of every token
+        config = FabricConfig(width=width, height=height)
+        deep = config.replace(rx_depth=config.rx_depth + args.large, sram_words=16384)   # one pass of every token
         base, _ = step(make(), args.base * width, config)
         large, seconds = step(make(), args.large * width, config)
         one, _ = step(make(), args.large * width, deep)
@@ -84,7 +88,8 @@ def main() -> None:
                     "one_pass_cycles": one[group],
                     "passes_cost": round(large[group] / one[group], 4) if one[group] else None}
             if group == "step":
-                line["compile_cpu_s"] = round(seconds, 1)
+                line.update(words_per_pe=large["words"], base_words_per_pe=base["words"],
+                            sram_words=config.sram_words, compile_cpu_s=round(seconds, 1))
             print(json.dumps(line), flush=True)
 
 

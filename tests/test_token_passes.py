@@ -7,6 +7,7 @@ PE by PE; a passes run against one pass of the same tokens."""
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from test_weight_streaming import compile_for, mlp
 
 from wse.config import FabricConfig
@@ -59,6 +60,8 @@ CASES = [
     (mlp(6, 5, 3, relu_last=True), 40, (4, 1), {}, 2),                 # one row: every step its own ring
     (mlp(9, 7, 5), 17, (1, 3), {}, 3),                                 # one column
     (mlp(5, 6, 4), 26, (2, 2), dict(router_depth=1, rx_depth=3, tx_depth=2), 3),   # 6 per pass
+    (mlp(4, 6, 12), 40, (2, 2), {}, 3),               # only part of the loss buffers fits the input's words
+    (nn.Sequential(nn.ReLU(), nn.Linear(7, 6)), 30, (2, 3), {}, 2),     # one layer, a ReLU on the input
 ]
 
 
@@ -66,8 +69,9 @@ CASES = [
                          ids=[f"{c[2][0]}x{c[2][1]}-b{c[1]}-{i}" for i, c in enumerate(CASES)])
 def test_passes_step_functional_equals_golden_and_cycles(model, batch, mesh, extra, passes):
     exe = compile_for(model, batch, mesh, **extra)
-    assert len(exe.phases["fwd 0"].streams_in[0].gather) % passes == 0
-    p = plan(trace(model, torch.zeros(batch, model[0].in_features)), exe.config, batch)
+    assert len(exe.phases[exe.sequences["train"][0]].streams_in[0].gather) % passes == 0
+    features = next(m for m in model if isinstance(m, nn.Linear)).in_features
+    p = plan(trace(model, torch.zeros(batch, features)), exe.config, batch)
     assert {len(col) for col in p.passes} == {passes}
     x, y, weights = data(exe, batch)
     golden_phases(exe, x, y, weights, mesh)
@@ -177,3 +181,64 @@ def test_four_passes_of_32_tokens_per_pe_on_golden():
     golden = Runtime(exe, "golden").train_step(x, y, weights)
     assert same_bits(functional.logits, golden.logits)
     assert all(same_bits(functional.grads[k], golden.grads[k]) for k in functional.grads)
+
+
+def _inside(region, outer) -> bool:
+    return outer[0] <= region[0] and region[0] + region[1] <= outer[0] + outer[1]
+
+
+def test_memory_by_pass_and_the_input_words_reused():
+    """``tmp``, ``acc`` and the softmax's buffers hold one pass; the activation gradients and
+    the softmax's buffers take the model input's words (dead after the first forward phase),
+    the last gradient apart from the softmax's buffers (the loss phase writes it); the loss
+    runs per pass (gather, softmax, scatter) and the masks in chunks that ``tmp`` holds."""
+    p = plan(trace(mlp(40, 12, 5), torch.randn(64, 40)), FabricConfig(width=2, height=2), 64)
+    assert [n for _, n in p.passes[0]] == [8, 8, 8, 8]                 # 32 tokens per PE
+    r = p.regions
+    assert r["tmp"][1] == 20 * 8 and r["acc"][1] == 8 and r["zall"][1] == 5 * 8 and r["m"][1] == 8
+    assert r["act0"][1] == 20 * 32 and r["grad1"][1] == 6 * 32 and r["onehot"][1] == 3 * 32
+    loss = ("zall", "nb", "fb", "rb", "m", "s", "inv", "stmp")
+    for name in ("grad1", "grad2") + loss:
+        assert _inside(r[name], r["act0"]), name
+    assert all(r[name][0] >= r["grad2"][0] + r["grad2"][1] for name in loss)
+    others = sorted((a, a + w) for n, (a, w) in r.items() if n not in ("act0", "grad1", "grad2") + loss)
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(others, others[1:]))            # the rest apart
+    kinds = [records.decode(w)[0] for w in p.phases["loss"].records[0][0]]
+    assert kinds == ["transpose", "softmax", "transpose"] * 4
+    kinds = [records.decode(w)[0] for w in p.phases["bwd-data 2"].records[0][0]]
+    assert kinds == ["transpose", "sgemm"] * 4 + ["mask"] * 2                       # 6 x 32 words, tmp 160
+
+
+def test_the_tightest_memory_runs_golden_equal_functional():
+    """The smallest ``sram_words`` the plan fits, with the reused words: whole step bit for bit,
+    cycles equal; one word less is the memory error."""
+    model, batch, mesh = mlp(12, 10, 6), 40, (2, 2)
+    words = max(a + w for a, w in plan(trace(model, torch.zeros(batch, 12)), FabricConfig(width=2, height=2),
+                                       batch).regions.values())
+    exe = compile_for(model, batch, mesh, sram_words=words)
+    x, y, weights = data(exe, batch)
+    functional = Runtime(exe, "functional").train_step(x, y, weights)
+    golden = Runtime(exe, "golden").train_step(x, y, weights)
+    assert same_bits(functional.logits, golden.logits) and functional.cycles == golden.cycles
+    assert all(same_bits(functional.grads[k], golden.grads[k]) for k in functional.grads)
+    with pytest.raises(FitError, match=f"needs {words} words per PE on a 2x2 mesh"):
+        plan(trace(model, torch.zeros(batch, 12)), FabricConfig(width=2, height=2, sram_words=words - 1), batch)
+
+
+def test_a_sparse_first_layer_weight_gradient_keeps_the_input():
+    """``spwgrad`` reads the input feature-major at the end of the step: nothing shares its words."""
+    graph = trace(mlp(9, 7, 5), torch.zeros(8, 9))
+    masks = {"0.weight": np.ones((7, 9), bool)}
+    for dense, shared in (((), False), (("bwd-weight 0",), True)):
+        r = plan(graph, FabricConfig(width=2, height=2), 8, masks=masks, dense_phases=dense).regions
+        assert _inside(r["grad2"], r["act0"]) == shared
+
+
+@pytest.mark.parametrize("model,features", [
+    (lambda: nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)), 784),
+    (lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)), 64)], ids=["fc_mnist", "mlp_64_256_64"])
+def test_512_tokens_fit_16x16_at_the_default_memory(model, features):
+    """32 tokens per PE (four passes) on 16x16 within the default 8,192 words per PE."""
+    config = FabricConfig(width=16, height=16)
+    p = plan(trace(model(), torch.zeros(512, features)), config, 512)
+    assert len(p.passes[0]) == 4 and max(a + w for a, w in p.regions.values()) <= config.sram_words == 8192

@@ -180,6 +180,19 @@ class _Memory:
         self.owners[owner] = self.owners.get(owner, 0) + int(words)
         return addr
 
+    def overlay(self, regions: list, base: int, room: int) -> int:
+        """Place ``(name, words, owner)`` regions in order into the ``room`` words
+        from ``base`` (words another buffer no longer needs), each that no longer
+        fits in fresh words; returns the first word after those placed."""
+        at = base
+        for name, words, owner in regions:
+            if at + words <= base + room:
+                self.regions[name] = (at, int(words))
+                at += int(words)
+            else:
+                self.take(name, words, owner)
+        return at
+
 
 def _check_fit(config: FabricConfig) -> None:
     if config.colors < COLORS_USED:
@@ -250,39 +263,56 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
         raise FitError(f"the weight-streaming PE program needs {code} instruction words but imem_words is "
                        f"{config.imem_words}")
     program = training_program(config)
-    mem = _Memory(program.data_end)
-    feats = [layers[0].k] + [layer.o for layer in layers]
-    per_row = [max(_local(n, H, i) for i in range(H)) for n in feats]
-    for l, n in enumerate(per_row):
-        owner = "the model input" if l == 0 else f"the activations of layer {layers[l - 1].name}"
-        mem.take(f"act{l}", n * tmax, owner)
-        if l < len(layers):
-            mem.take(f"act{l}tm", n * tmax, owner)
-        if l > 0:
-            mem.take(f"grad{l}", n * tmax, owner)
-    classes = layers[-1].o
-    block = max(per_row[1:]) * tmax
-    scratch = "scratch buffers"
-    mem.take("acc", tmax, scratch)
-    mem.take("tmp", max(per_row) * tmax, scratch)
-    mem.take("g", max(per_row[:-1]) + 1, scratch)
-    mem.take("buf0", block, scratch)
-    mem.take("buf1", block, scratch)
-    n_soft = classes * tmax
-    loss = f"the loss over {classes} classes"
-    for name in ("zall", "nb", "fb", "rb"):
-        mem.take(name, n_soft, loss)
-    for name in ("m", "s", "inv", "stmp", "scale"):
-        mem.take(name, tmax, loss)
-    mem.take("onehot", per_row[-1] * tmax, loss)
-    _check_memory(mem, config, graph, batch, program)
     masks = _check_masks(masks, layers, tokens, batch, config)
+    mem = _Memory(program.data_end)
+    _memory_map(mem, layers, H, tmax, max(n for col in passes for _, n in col),
+                reuse_input=layers[0].weight not in masks or f"bwd-weight {layers[0].name}" in dense_phases)
+    _check_memory(mem, config, graph, batch, program)
     ctx = ws_phases.Context(config, program, layers, relu_input, tokens, mem, H, columns, masks,
                             frozenset(dense_phases), passes)
     phases, sequences = ws_phases.build(ctx)
     _check_memory(mem, config, graph, batch, program)
     return Plan(config, batch, graph, layers, relu_input, columns, tokens, dict(mem.regions), phases, sequences,
                 _routes(config, columns), ws_phases.transfers(ctx), passes)
+
+
+def _memory_map(mem: _Memory, layers: list, H: int, tmax: int, tpass: int, reuse_input: bool) -> None:
+    """Every buffer of a step in PE memory (``docs/weight_streaming.md`` sections 3 and 5.1).
+
+    Activations hold the column's ``tmax`` tokens; the buffers a token pass
+    uses (``acc``, the pass gather ``tmp``, the softmax's) hold the largest
+    pass, ``tpass`` (``tmax`` in one pass). The model input ``act0`` is dead
+    once the first layer's forward phase has read it (unless a sparse weight
+    gradient reads it at the end): with ``reuse_input`` the activation
+    gradients (written from the loss phase on) and then the softmax's buffers
+    (the loss phase only; they may share words with every gradient but the
+    last, which the loss phase writes) take its words first, fresh words only
+    for what does not fit."""
+    feats = [layers[0].k] + [layer.o for layer in layers]
+    per_row = [max(_local(n, H, i) for i in range(H)) for n in feats]
+    L, classes = len(layers), layers[-1].o
+    for l, n in enumerate(per_row):
+        owner = "the model input" if l == 0 else f"the activations of layer {layers[l - 1].name}"
+        mem.take(f"act{l}", n * tmax, owner)
+        if l < L:
+            mem.take(f"act{l}tm", n * tmax, owner)
+    base, room = mem.regions["act0"] if reuse_input else (0, 0)
+    mem.overlay([(f"grad{l}", per_row[l] * tmax, f"the activations of layer {layers[l - 1].name}")
+                 for l in range(L, 0, -1)], base, room)
+    block = max(per_row[1:]) * tmax
+    scratch = "scratch buffers"
+    mem.take("acc", tpass, scratch)
+    mem.take("tmp", max(per_row) * tpass, scratch)
+    mem.take("g", max(per_row[:-1]) + 1, scratch)
+    mem.take("buf0", block, scratch)
+    mem.take("buf1", block, scratch)
+    loss = f"the loss over {classes} classes"
+    g_addr, g_words = mem.regions[f"grad{L}"]
+    last = g_addr + g_words if base <= g_addr < base + room else base     # after grad{L} when it is in act0
+    mem.overlay([(name, classes * tpass, loss) for name in ("zall", "nb", "fb", "rb")]
+                + [(name, tpass, loss) for name in ("m", "s", "inv", "stmp")], last, base + room - last)
+    mem.take("scale", tmax, loss)
+    mem.take("onehot", per_row[-1] * tmax, loss)
 
 
 def _check_masks(masks, layers: list, tokens: list, batch: int, config: FabricConfig) -> dict:

@@ -255,11 +255,23 @@ def _transpose(ctx: Context, src: str, dst: str, features: int) -> list:
 
 
 def _mask(ctx: Context, act: str, grad: str, features: int) -> list:
-    def make(i, j, T):
-        n = _local(features, ctx.H, i) * T
-        return rec.encode("mask", dict(act=rec.dsd_mem(ctx.addr(act), n), grad=rec.dsd_mem(ctx.addr(grad), n),
-                                       tmp=rec.dsd_mem(ctx.addr("tmp"), n)))
-    return _per_pe(ctx, make)
+    """``mask`` records of ``grad`` by ``act``: one over the PE's block, or (``tmp``
+    sized for a token pass) one per chunk of the block that ``tmp`` holds."""
+    room = ctx.mem.regions["tmp"][1]
+    n_of = [_local(features, ctx.H, i) * ctx.T(0) for i in range(ctx.H)]
+    chunks = max(1, *(-(-n // room) for n in n_of))
+
+    def chunk(c):
+        def make(i, j, T):
+            n = _local(features, ctx.H, i) * T
+            lo, hi = c * room, min(n, (c + 1) * room)
+            if c and lo >= hi:
+                return None
+            return rec.encode("mask", dict(act=rec.dsd_mem(ctx.addr(act) + lo, hi - lo),
+                                           grad=rec.dsd_mem(ctx.addr(grad) + lo, hi - lo),
+                                           tmp=rec.dsd_mem(ctx.addr("tmp"), hi - lo)))
+        return _per_pe(ctx, make)
+    return [chunk(c) for c in range(chunks)]
 
 
 def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
@@ -392,28 +404,47 @@ def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[li
 
 
 def _softmax(ctx: Context, l: int) -> tuple[list, int]:
+    """Records of the loss delta: ``[H][W]`` parts in order.
+
+    One pass: a ``softmax`` record on the logits ``act{l}`` in place, writing
+    ``grad{l}``. With token passes, per pass: a ``transpose`` record gathering
+    the pass's logits into ``tmp`` (``[class][pass token]``), the ``softmax``
+    record on ``tmp`` (its buffers sized for a pass; the host lays ``onehot``
+    out pass by pass) writing the delta back into ``tmp``, and a
+    ``transpose`` record scattering it into ``grad{l}`` in place."""
     H = ctx.H
     classes = ctx.layers[-1].o
     counts_of = [_local(classes, H, r) for r in range(H)]
     a = ctx.addr
-
-    def make(i, j, T):
+    n_passes = len(ctx.token_passes(0))
+    parts = [[[None] * ctx.config.width for _ in range(H)] for _ in range(3 * n_passes if n_passes > 1 else 1)]
+    for i in range(H):
         c_in, c_out = ring_colors(i, H)
         ci = counts_of[i]
-        n = classes * T
-        return rec.encode("softmax", dict(
-            c=classes, ci=ci, t=T, h=H, row=i, send_first=int(i % 2 == 0), own=a(f"act{l}"), buf0=a("buf0"),
-            buf1=a("buf1"), zall=a("zall"), ht=H * T, n=n, nb=a("nb"), fb=a("fb"), sb=a("s"), ib=a("inv"),
-            tmem=rec.dsd_mem(0, T), rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in), mem=rec.dsd_mem(0, 0),
-            m=rec.dsd_mem(a("m"), T), s=rec.dsd_mem(a("s"), T), inv=rec.dsd_mem(a("inv"), T),
-            tmp=rec.dsd_mem(a("stmp"), T), two=rec.dsd_mem(ctx.program.symbol("two"), T, 0),
-            zn=rec.dsd_mem(a("zall"), n), fn=rec.dsd_mem(a("fb"), n), rn=rec.dsd_mem(a("rb"), n),
-            onehot=rec.dsd_mem(a("onehot"), T), scale=rec.dsd_mem(a("scale"), T), dz=rec.dsd_mem(a(f"grad{l}"), T)),
-            table=[counts_of[(i - s) % H] for s in range(H)])
-
-    records = _per_pe(ctx, make)
+        for j in range(ctx.columns):
+            T = ctx.T(j)
+            for q, (off, t) in enumerate(ctx.token_passes(j)):
+                own, dz = a(f"act{l}"), a(f"grad{l}")
+                if n_passes > 1:
+                    own = dz = a("tmp")
+                    if ci:      # tmp[c][u] = z[c][off + u]; after the record, dz[c][off + u] = tmp[c][u]
+                        parts[3 * q][i][j] = rec.encode("transpose", dict(
+                            k=1, t=t, dst=rec.dsd_mem(own, ci, t), src=rec.dsd_mem(a(f"act{l}") + off, ci, T)))
+                        parts[3 * q + 2][i][j] = rec.encode("transpose", dict(
+                            k=1, t=t, dst=rec.dsd_mem(a(f"grad{l}") + off, ci, T), src=rec.dsd_mem(own, ci, t)))
+                n = classes * t
+                parts[3 * q + 1 if n_passes > 1 else 0][i][j] = rec.encode("softmax", dict(
+                    c=classes, ci=ci, t=t, h=H, row=i, send_first=int(i % 2 == 0), own=own, buf0=a("buf0"),
+                    buf1=a("buf1"), zall=a("zall"), ht=H * t, n=n, nb=a("nb"), fb=a("fb"), sb=a("s"), ib=a("inv"),
+                    tmem=rec.dsd_mem(0, t), rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in),
+                    mem=rec.dsd_mem(0, 0), m=rec.dsd_mem(a("m"), t), s=rec.dsd_mem(a("s"), t),
+                    inv=rec.dsd_mem(a("inv"), t), tmp=rec.dsd_mem(a("stmp"), t),
+                    two=rec.dsd_mem(ctx.program.symbol("two"), t, 0), zn=rec.dsd_mem(a("zall"), n),
+                    fn=rec.dsd_mem(a("fb"), n), rn=rec.dsd_mem(a("rb"), n),
+                    onehot=rec.dsd_mem(a("onehot") + ci * off, t), scale=rec.dsd_mem(a("scale") + off, t),
+                    dz=rec.dsd_mem(dz, t)), table=[counts_of[(i - s) % H] for s in range(H)])
     fmacs = sum(2 * classes * ctx.T(j) for j in range(ctx.config.width) for i in range(H) if counts_of[i])
-    return records, fmacs
+    return parts, fmacs
 
 
 def _merge(ctx: Context, *parts) -> list:
@@ -456,10 +487,10 @@ def build(ctx: Context) -> tuple[dict, dict]:
         if l < L:
             parts.append(_transpose(ctx, f"act{l}", f"act{l}tm", layer.o))
         add(f"fwd {layer.name}", "forward", parts, streams, (), math, fmacs)
-    records, fmacs = _softmax(ctx, L)
-    parts, math = [records], [SoftmaxDelta(f"act{L}", f"grad{L}")]
+    parts, fmacs = _softmax(ctx, L)
+    math = [SoftmaxDelta(f"act{L}", f"grad{L}")]
     if layers[-1].relu:
-        parts.append(_mask(ctx, f"act{L}", f"grad{L}", layers[-1].o))
+        parts += _mask(ctx, f"act{L}", f"grad{L}", layers[-1].o)
         math.append(ReluMask(f"act{L}", f"grad{L}"))
     add("loss", "loss", parts, math=math, fmacs=fmacs)
     backward = []
@@ -477,7 +508,7 @@ def build(ctx: Context) -> tuple[dict, dict]:
                 before, records = records[:-1], records[-1]     # the token passes before the last
             parts = before + [records]
             if layers[l - 2].relu:
-                parts.append(_mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k))
+                parts += _mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k)
                 math.append(ReluMask(f"act{l - 1}", f"grad{l - 1}"))
             add(f"bwd-data {layer.name}", "backward-data", parts, streams, (), math, fmacs)
             backward.append(f"bwd-data {layer.name}")
@@ -517,7 +548,10 @@ def transfers(ctx: Context) -> dict:
                     index[i, j, :len(toks)] = toks
                     continue
                 grid = toks[None, :] * width + feats[:, None]        # [feature][token]
-                flat = grid.T.ravel() if token_major else grid.ravel()
+                if region == "onehot":                                 # pass by pass: [pass][class][token]
+                    flat = np.concatenate([grid[:, off:off + t].ravel() for off, t in ctx.token_passes(j)])
+                else:
+                    flat = grid.T.ravel() if token_major else grid.ravel()
                 index[i, j, :flat.size] = flat
         return addr, index
 
