@@ -33,10 +33,10 @@ from wse.config import UsageError
 from wse.host.data import Batches, load_text_corpus
 from wse.host.memoryx import MemoryX
 
-from .checkpoint import latest_checkpoint, load_checkpoint
 from .folder import RunLock, choose_run_folder, start_run_folder
 from .job import TEXT_DATASETS, Job
 from .options import Settings, TrainConfig, resolve_settings
+from .preparation import resume_point
 
 __all__ = ["GptLayout", "GptPlan", "GptRun", "prepare_gpt", "gpt_model", "PROBE_SEQUENCES", "GPT_BACKENDS"]
 
@@ -201,14 +201,7 @@ def prepare_gpt(config: TrainConfig, job: Job) -> GptRun:
         raise UsageError(f"--dataset {config.dataset}: {job.path.name} is a language model on the text data set "
                          f"{job.dataset} (its DATASET); it trains on {', '.join(TEXT_DATASETS)} only")
     out, replace_out = choose_run_folder(config, job)
-    trainer, saved_memoryx, saved, folder = None, None, None, None
-    if config.resume:
-        folder = latest_checkpoint(out) if out.is_dir() else None
-        if folder is None:
-            raise UsageError(f"--resume: run folder {str(out)!r} has no checkpoint to resume from; "
-                             "start the run again with --overwrite")
-        trainer, saved_memoryx = load_checkpoint(folder)
-        saved = Settings.from_dict(trainer.get("settings"))
+    trainer, saved_memoryx, saved, folder = resume_point(config, out)
     settings = resolve_settings(config, job, saved)
     _refuse_options(config, settings, job)
     settings = dataclasses.replace(settings, mode="weight-streaming")

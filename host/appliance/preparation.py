@@ -113,6 +113,23 @@ def _fit_parameters(executable: Any, model: torch.nn.Module) -> dict[str, tuple[
     return params
 
 
+def resume_point(config: TrainConfig, out: Path) -> tuple[dict | None, Any, Settings | None, Path | None]:
+    """What ``--resume`` continues from in run folder ``out``: the trainer state, the saved MemoryX, the saved
+    settings and the checkpoint folder (all ``None`` without ``--resume``).
+
+    Raises:
+        UsageError: ``--resume`` on a folder with no checkpoint.
+    """
+    if not config.resume:
+        return None, None, None, None
+    folder = latest_checkpoint(out) if out.is_dir() else None
+    if folder is None:
+        raise UsageError(f"--resume: run folder {str(out)!r} has no checkpoint to resume from; "
+                         "start the run again with --overwrite")
+    trainer, saved_memoryx = load_checkpoint(folder)
+    return trainer, saved_memoryx, Settings.from_dict(trainer.get("settings")), folder
+
+
 def load_run(job: Job, settings: Settings) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray],
                                                      torch.nn.Module]:
     """The training and test splits of a run and its model with its initial weights.
@@ -144,14 +161,7 @@ def prepare(config: TrainConfig) -> Prepared:
     config.check()
     job = load_job(config.example)
     out, replace_out = choose_run_folder(config, job)
-    trainer, saved_memoryx, saved, folder = None, None, None, None
-    if config.resume:
-        folder = latest_checkpoint(out) if out.is_dir() else None
-        if folder is None:
-            raise UsageError(f"--resume: run folder {str(out)!r} has no checkpoint to resume from; "
-                             "start the run again with --overwrite")
-        trainer, saved_memoryx = load_checkpoint(folder)
-        saved = Settings.from_dict(trainer.get("settings"))
+    trainer, saved_memoryx, saved, folder = resume_point(config, out)
     settings = resolve_settings(config, job, saved)
     (x_train, y_train), (x_test, y_test), model = load_run(job, settings)
     fabric = usable_fabric(settings)        # the usable mesh around --defects, else the whole mesh
