@@ -157,7 +157,8 @@ class _Injecting:
 
     def __init__(self, device, specs: list):
         if not hasattr(device, "inject") or not hasattr(device, "ecc_counters"):
-            raise UsageError(f"--inject needs a device with memory ECC, not {getattr(device, 'backend', '?')}")
+            raise UsageError(f"--inject needs a device with fault injection (golden, verilator, icarus), not "
+                             f"{getattr(device, 'backend', '?')}")
         self._device, self._specs, self.injected = device, list(specs), []
 
     def __getattr__(self, name):
@@ -175,7 +176,7 @@ class _Injecting:
             if spec[0] == "link":
                 if not hasattr(dev, "inject_link"):
                     behind = " behind --defects" if isinstance(dev, DefectDevice) else ""
-                    raise UsageError(f"--inject link:... needs a device with link ECC (golden, verilator) "
+                    raise UsageError(f"--inject link:... needs a device with link ECC (golden, verilator, icarus) "
                                      f"on its own mesh, not {getattr(dev, 'backend', '?')}{behind}")
                 x, y, port, cycle, bits = spec[1:]
                 dev.inject_link(x, y, port, bits, cycle)

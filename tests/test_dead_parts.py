@@ -58,5 +58,5 @@ def test_kernel_command_kills_a_link_and_reports_it():
 
     with pytest.raises(FabricHang, match=r"the link between routers \(0, 0\) and \(1, 0\) is dead"):
         main(["broadcast", "--variant", "row", "--mesh", "2x2", "--n", "8", "--inject", "dead:0,0,E"])
-    with pytest.raises(UsageError, match="--inject needs a device with memory ECC, not vector"):
+    with pytest.raises(UsageError, match="--inject needs a device with fault injection .golden, verilator, icarus., not vector"):
         main(["broadcast", "--mesh", "2x2", "--backend", "vector", "--inject", "dead:1,1"])

@@ -80,8 +80,17 @@ def test_gpt_systems_equal_one_system(job: Path, tmp_path: Path, systems: int):
     assert many.data["loss"]["curve"] == one.data["loss"]["curve"]
 
 
+def test_text_dataset_for_a_job_that_is_not_text(tmp_path: Path, capsys):
+    """``--dataset pydoc`` on the MLP job names the mismatch, not a model error."""
+    argv = ["examples/fc_mnist.py", "--dataset", "pydoc", "--out", str(tmp_path / "r"), "--max-steps", "1"]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a language model" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("args, expected", [
-    (["--backend", "golden"], "not yet compiled for the cycle-level backends"),
+    (["--backend", "golden"], "not yet compiled for the fabric"),
     (["--backend", "verilator"], "--backend functional"),
     (["--systems", "5"], "exceeds the 4 columns"),
     (["--sparsity", "0.5"], "--sparsity does not apply"),

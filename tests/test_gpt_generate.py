@@ -41,9 +41,16 @@ def test_generate_is_reproducible_and_in_the_vocabulary(run: Path, capsys):
     (["generate", "{run}", "--prompt", ""], "at least one character"),
     (["generate", "{run}", "--prompt", "a", "--tokens", "0"], "--tokens must be a positive integer"),
     (["generate", "{run}"], "--prompt"),
+    (["generate", "{run}", "--prompt", "a", "--seed", "-1"], "--seed must be a non-negative integer"),
 ])
 def test_generate_bad_input_is_one_line(run: Path, tmp_path: Path, capsys, args, expected):
     argv = [a.format(tmp=tmp_path, run=run) for a in args]
     assert wse_main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_checkpoint_by_name_inside_the_run(run: Path):
+    """``--checkpoint NAME`` finds ``RUN/checkpoints/NAME`` as the help says."""
+    name = Generator(run).checkpoint.name
+    assert Generator(run, checkpoint=name).checkpoint == run / "checkpoints" / name

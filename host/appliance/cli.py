@@ -38,7 +38,7 @@ A job with DATASET = "pydoc" (text) is a language model: model(vocab, context) o
 and CONTEXT, trained on the functional backend; see examples/char_gpt.py and wse generate.
 
 The run folder receives summary.json, train.log, fabric.txt (layout and schedule), executable.npz
-(the compiled model), tensorboard/ and checkpoints/; run.lock keeps a second run out while one writes it.
+(the compiled model, MLP runs), tensorboard/ and checkpoints/; run.lock keeps a second run out while one writes it.
 After a crash, continue with --resume (from the latest complete checkpoint).
 
 Several systems (SwarmX, docs/swarmx.md): --systems N runs N systems in this process; under

@@ -60,12 +60,12 @@ def on_defects(executable, settings):
     remap = remap_of(settings)
     if remap is None:
         return executable
-    from wse.host.compiler.physical import check_on_defects, cycles_on_defects
+    from wse.host.compiler.physical import BatchDependentCycles, check_on_defects, cycles_on_defects
 
     check_on_defects(executable, remap)
     try:
         cycles = cycles_on_defects(executable, remap)
-    except ValueError:      # a harvesting layer-pipelined executable: its cycles depend on the batch
+    except BatchDependentCycles:      # a harvesting layer-pipelined executable: its cycles depend on the batch
         return executable
     timed = copy.copy(executable)
     timed.phases = {name: dataclasses.replace(phase, cycles=cycles[name]) for name, phase in executable.phases.items()}

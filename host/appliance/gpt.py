@@ -129,10 +129,12 @@ class GptRun:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Batches in one epoch of the training split."""
         return len(self.batches)
 
     @property
     def total_steps(self) -> int:
+        """Steps of the whole run: the epochs' steps, capped by ``--max-steps``."""
         total = self.settings.epochs * self.steps_per_epoch
         return min(total, self.settings.max_steps) if self.settings.max_steps is not None else total
 
@@ -153,8 +155,8 @@ def _refuse_options(config: TrainConfig, settings: Settings, job: Job) -> None:
     name = job.path.name
     if settings.backend not in GPT_BACKENDS:
         raise UsageError(f"--backend {settings.backend}: {name} is a transformer (GPT), and its attention, "
-                         "LayerNorm and GELU phases are not yet compiled for the cycle-level backends "
-                         "(docs/transformer.md section 8); train it with --backend functional (the functional "
+                         "LayerNorm and GELU phases are not yet compiled for the fabric "
+                         "(docs/transformer.md section 8), so it trains on --backend functional only (the functional "
                          "model of its float order)")
     refused = {"--mode pipelined": settings.mode == "pipelined", "--sparsity": settings.sparsity is not None,
                "--defects": settings.defects is not None, "--mnist-dir": settings.mnist_dir is not None,
@@ -200,6 +202,9 @@ def prepare_gpt(config: TrainConfig, job: Job) -> GptRun:
     if job.is_text and config.dataset is not None and config.dataset not in TEXT_DATASETS:
         raise UsageError(f"--dataset {config.dataset}: {job.path.name} is a language model on the text data set "
                          f"{job.dataset} (its DATASET); it trains on {', '.join(TEXT_DATASETS)} only")
+    if not job.is_text:
+        raise UsageError(f"--dataset {config.dataset}: {job.path.name} is not a language model (its DATASET is "
+                         f"{job.dataset}); text data sets train a job whose DATASET is one (e.g. examples/char_gpt.py)")
     out, replace_out = choose_run_folder(config, job)
     trainer, saved_memoryx, saved, folder = resume_point(config, out)
     settings = resolve_settings(config, job, saved)

@@ -35,6 +35,13 @@ from .options import Settings
 __all__ = ["main", "generate", "Generator"]
 
 
+
+def _checkpoint_folder(run: Path, checkpoint: str | Path) -> Path:
+    """``--checkpoint``: a folder as given, else the checkpoint of that name in ``run``'s ``checkpoints``."""
+    given = Path(checkpoint)
+    inside = run / "checkpoints" / given
+    return inside if not given.exists() and not given.is_absolute() and inside.exists() else given
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(message)
@@ -70,14 +77,14 @@ class Generator:
         if not run.is_dir():
             raise UsageError(f"run folder {str(run)!r} does not exist; expected the --out folder of `wse train` "
                              "of a GPT job (e.g. runs/char_gpt)")
-        folder = Path(checkpoint) if checkpoint is not None else latest_checkpoint(run)
+        folder = _checkpoint_folder(run, checkpoint) if checkpoint is not None else latest_checkpoint(run)
         if folder is None:
             raise UsageError(f"run folder {str(run)!r} has no checkpoint; train it first "
                              f"(wse train examples/char_gpt.py --out {run})")
         trainer, memoryx = load_checkpoint(folder)
         settings = Settings.from_dict(trainer.get("settings"))
         if settings.dataset not in TEXT_DATASETS:
-            raise UsageError(f"run {str(run)!r} trained on {settings.dataset}, not on text: wse generate samples "
+            raise UsageError(f"checkpoint {str(folder)!r} is of a run on {settings.dataset}, not on text: wse generate samples "
                              "from a GPT run (a job on " + ", ".join(TEXT_DATASETS) + ")")
         self.job = load_job(settings.example)
         from wse.host.data import load_text_corpus
@@ -100,6 +107,8 @@ class Generator:
             raise UsageError(f"--tokens must be a positive integer, not {tokens!r}")
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
             raise UsageError(f"--temperature must be a positive number, not {temperature!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise UsageError(f"--seed must be a non-negative integer, not {seed!r}")
         ids = list(self.corpus.encode(prompt))
         rng, context, out = np.random.default_rng(seed), self.job.context, []
         for _ in range(tokens):

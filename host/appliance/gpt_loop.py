@@ -1,4 +1,4 @@
-"""A GPT run's training loop, its systems and its summary (:func:`train_gpt`).
+"""A GPT run's training loop, its systems and its summary (:func:`gpt_loop`, called by :func:`~.training.train_gpt`).
 
 Each step takes the next batch of sequences (:class:`~wse.host.data.Batches`
 over the training split's windows, the order drawn from ``(seed, epoch)``),

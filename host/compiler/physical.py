@@ -36,7 +36,12 @@ from .cycles import phase_injections
 from .network import Network
 from .replay import replay
 
-__all__ = ["phase_records", "check_on_defects", "replay_on_defects", "cycles_on_defects"]
+__all__ = ["phase_records", "check_on_defects", "replay_on_defects", "cycles_on_defects", "BatchDependentCycles"]
+
+
+class BatchDependentCycles(ValueError):
+    """An executable whose phase cycles depend on the batch (a layer-pipelined one that harvests activation
+    sparsity): :func:`cycles_on_defects` has no one count to give."""
 
 
 def phase_records(image: np.ndarray) -> list[list[list[np.ndarray]]]:
@@ -172,7 +177,7 @@ def cycles_on_defects(exe, remap, phases=None) -> dict[str, int]:
 
         plan = plan_of(exe)
         if any(plan.harvest):
-            raise ValueError("the cycles of a layer-pipelined executable that harvests activation sparsity "
+            raise BatchDependentCycles("the cycles of a layer-pipelined executable that harvests activation sparsity "
                              "depend on the batch; cycles_on_defects does not model them")
 
         def inputs(name):

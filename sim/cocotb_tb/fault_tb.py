@@ -25,7 +25,8 @@ section 4.7) once a kernel's program and data are loaded, before its run.
   received bits, syndrome) and one detected error.
 
 Parameters (environment): ``WSE_COSIM_CONFIG`` (the mesh), ``WSE_COSIM_SIZE``
-(default 24), ``WSE_COSIM_SEED``, ``WSE_COSIM_FLIPS``.
+(default 24), ``WSE_COSIM_SEED``, ``WSE_COSIM_FLIPS`` (memory flips),
+``WSE_COSIM_LINKS`` (link flips, default 6).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ async def random_link_flips(dut, kernel):
     fired = len(record["words"]) - len(pair.reference.routers.link_flips)
     corrected = int(counts["corrected"].sum())
     assert corrected == fired and not counts["detected"].any(), (corrected, fired)
+    assert fired > 0, "no armed link flip fired: the test checked nothing"
     dut._log.info("%s: %d link flips corrected, %d cycles", kernel, corrected, report["cycles"])
 
 
