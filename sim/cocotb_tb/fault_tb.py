@@ -15,12 +15,14 @@ section 4.7) once a kernel's program and data are loaded, before its run.
   address, stored bits, syndrome) and one detected error.
 
 * ``random_link_flips``: a random bit flipped on each of
-  ``WSE_COSIM_LINKS`` random links between routers (default 6), at random
-  cycles of the run, for gemv and axpy: the RTL's link coders
+  ``WSE_COSIM_LINKS`` random links between routers that the kernel uses
+  (default 6; found by a golden dry run), the first at cycle 0, the others at
+  random cycles of the run, for gemv and reduce: the RTL's link coders
   (``hdl/link_ecc.py``) correct them; the result is bit exact and the link
   ECC counters equal the golden model's, link by link, one correction per
   flip that fired.
-* ``link_double_flip_stops_the_run``: two flipped bits on random links: both
+* ``link_double_flip_stops_the_run``: two flipped bits in the first wavelet
+  of a random link that gemv uses: both
   runs stop with the same one-line report (link, cycle, color as received,
   received bits, syndrome) and one detected error.
 
@@ -53,6 +55,36 @@ def _before_first_run(pair, inject) -> dict:
 
     pair.run = run_once_injected
     return record
+
+
+def _used_links(kernel: str, config, seed: int, **sizes) -> list[tuple[int, int, str]]:
+    """The links between routers that ``kernel`` sends wavelets over, found by a golden dry run with a
+    single flip armed at cycle 0 on every link (a link whose flip fired and was corrected carried a wavelet)."""
+    from wse.config import Port
+    from wse.sim.devices import make_device
+
+    dev = make_device("golden", config)
+    links = [(x, y, p) for y in range(config.height) for x in range(config.width) for p in "NESW"
+             if 0 <= x + Port[p].delta[0] < config.width and 0 <= y + Port[p].delta[1] < config.height]
+    _before_first_run(dev, lambda d: [d.inject_link(x, y, p, [0], 0) for x, y, p in links])
+    run_kernel(kernel, config, seed, device=lambda cfg: dev, **sizes)
+    corrected = dev.link_ecc_counters()["corrected"]
+    return [(x, y, p) for x, y, p in links if corrected[y, x, Port[p].value]]
+
+
+def _arm_links(pair, rng, links: list, count: int, cycles: int, flips: int) -> list[tuple]:
+    """Arm ``flips`` random code-word bits on ``count`` of ``links`` (distinct) on both devices: the first at
+    cycle 0 (so at least one fires), the others at random cycles below ``cycles``."""
+    from wse.sim.golden.ecc import LINK_CODE_BITS
+
+    armed = []
+    for i, k in enumerate(rng.choice(len(links), size=min(count, len(links)), replace=False).tolist()):
+        x, y, p = links[k]
+        bits = rng.choice(LINK_CODE_BITS, size=flips, replace=False).tolist()
+        cycle = 0 if i == 0 else int(rng.integers(cycles))
+        pair.inject_link(x, y, p, bits, cycle)
+        armed.append((x, y, p, bits, cycle))
+    return armed
 
 
 @cocotb.test()
@@ -99,7 +131,7 @@ async def double_flip_stops_the_run(dut):
 
 
 @cocotb.test()
-@cocotb.parametrize(kernel=["gemv", "axpy"])
+@cocotb.parametrize(kernel=["gemv", "reduce"])
 async def random_link_flips(dut, kernel):
     """Random single flips on links at random cycles: corrected, counted alike, bits and cycles unchanged."""
     pair = await mesh_pair(dut, check_emits=False)
@@ -108,7 +140,9 @@ async def random_link_flips(dut, kernel):
     sizes = {"rows": size, "cols": size} if kernel == "gemv" else {"n": size}
     clean = await in_thread(run_kernel, kernel, config, seed, **sizes)
     rng = np.random.default_rng(seed)
-    record = _before_first_run(pair, lambda p: p.inject_random_links(rng, env_int("LINKS", 6), clean["cycles"]))
+    used = await in_thread(_used_links, kernel, config, seed, **sizes)
+    assert used, f"{kernel} sends nothing over a link on this mesh"
+    record = _before_first_run(pair, lambda p: _arm_links(p, rng, used, env_int("LINKS", 6), clean["cycles"], 1))
     report = await in_thread(run_kernel, kernel, config, seed, device=lambda cfg: pair, **sizes)
     assert report["bit_exact"] and report["cycles"] == clean["cycles"], (report["mismatches"], report["cycles"])
     counts = await in_thread(pair.link_ecc_counters)      # golden and RTL compared link by link
@@ -125,7 +159,8 @@ async def link_double_flip_stops_the_run(dut):
     pair = await mesh_pair(dut, check_emits=False)
     config = config_from_env()
     rng = np.random.default_rng(env_int("SEED", 0))
-    _before_first_run(pair, lambda p: p.inject_random_links(rng, 4, 40, flips=2))
+    used = await in_thread(_used_links, "gemv", config, env_int("SEED", 0), rows=8, cols=8)
+    _before_first_run(pair, lambda p: _arm_links(p, rng, used, 1, 1, 2))      # the link's first wavelet
     try:
         await in_thread(run_kernel, "gemv", config, env_int("SEED", 0), device=lambda cfg: pair, rows=8, cols=8)
     except LinkEccError as exc:      # Lockstep raises it only when both reports are the same
