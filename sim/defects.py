@@ -34,6 +34,8 @@ import numpy as np
 
 from wse.config import ROUTE_INPUT_NONE, FabricConfig, Port, UsageError
 
+from .golden.hostargs import check_rect
+
 __all__ = ["DefectMap", "DefectError", "Remap", "RouteMapper", "DefectDevice", "parse_defects", "plan_remap",
            "physical_routes", "check_physical", "defect_factory"]
 
@@ -406,15 +408,7 @@ class DefectDevice:
 
     # ------------------------------------------------------------------ coordinates
     def _rect(self, rect) -> tuple[int, int, int, int]:
-        if rect is None:
-            return (0, 0, self.width, self.height)
-        try:
-            x0, y0, w, h = (int(v) for v in rect)
-        except (TypeError, ValueError):
-            raise UsageError(f"rect must be (x0, y0, width, height), not {rect!r}") from None
-        if w < 1 or h < 1 or x0 < 0 or y0 < 0 or x0 + w > self.width or y0 + h > self.height:
-            raise UsageError(f"rect {rect!r} does not fit the {self.width}x{self.height} mesh")
-        return x0, y0, w, h
+        return check_rect(rect, self.width, self.height)
 
     def _blocks(self, rect):
         """The physical rectangles of logical ``rect``: ``(physical rect, logical y0, x0, h, w)``

@@ -36,7 +36,7 @@ from wse.host.memoryx import MemoryX
 from .folder import RunLock, choose_run_folder, start_run_folder
 from .job import TEXT_DATASETS, Job
 from .options import Settings, TrainConfig, resolve_settings
-from .preparation import resume_point
+from .preparation import RunSteps, resume_point
 
 __all__ = ["GptLayout", "GptPlan", "GptRun", "prepare_gpt", "gpt_model", "PROBE_SEQUENCES", "GPT_BACKENDS"]
 
@@ -106,7 +106,7 @@ class GptPlan:
 
 
 @dataclasses.dataclass
-class GptRun:
+class GptRun(RunSteps):
     """A checked GPT run, ready to start; nothing has been written yet (see :func:`prepare_gpt`)."""
 
     config: TrainConfig
@@ -127,27 +127,10 @@ class GptRun:
     resumed: Path | None = None
     lock: RunLock | None = None
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches in one epoch of the training split."""
-        return len(self.batches)
-
-    @property
-    def total_steps(self) -> int:
-        """Steps of the whole run: the epochs' steps, capped by ``--max-steps``."""
-        total = self.settings.epochs * self.steps_per_epoch
-        return min(total, self.settings.max_steps) if self.settings.max_steps is not None else total
-
     def start_folder(self) -> None:
         """Create and lock the run folder and write ``fabric.txt``; released by :meth:`release_folder`."""
         self.lock = start_run_folder(self.out, GptPlan(self.graph, self.layout), replace=self.replace_out,
                                      resumed=self.resumed)
-
-    def release_folder(self) -> None:
-        """Unlock the run folder."""
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
 
 
 def _refuse_options(config: TrainConfig, settings: Settings, job: Job) -> None:

@@ -53,8 +53,30 @@ def _open_runtime(executable: Any, backend: str):
     return Runtime(executable, backend=backend)
 
 
+class RunSteps:
+    """What every prepared run (an MLP's :class:`Prepared`, a GPT's ``GptRun``) derives from its ``batches``,
+    ``settings`` and ``lock``: its step counts, and the release of its run folder."""
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in one epoch of the training split."""
+        return len(self.batches)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of the whole run: the epochs' steps, capped by ``--max-steps``."""
+        total = self.settings.epochs * self.steps_per_epoch
+        return min(total, self.settings.max_steps) if self.settings.max_steps is not None else total
+
+    def release_folder(self) -> None:
+        """Unlock the run folder (at the end of the run, or when it stops)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
 @dataclasses.dataclass
-class Prepared:
+class Prepared(RunSteps):
     """A checked run, ready to start; nothing has been written yet (see :func:`prepare`)."""
 
     config: TrainConfig
@@ -74,15 +96,6 @@ class Prepared:
     lock: RunLock | None = None     # the run folder's lock while system 0 runs
     dense_cycles: int | None = None     # a sparse run: the dense executable's step cycles
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return len(self.batches)
-
-    @property
-    def total_steps(self) -> int:
-        total = self.settings.epochs * self.steps_per_epoch
-        return min(total, self.settings.max_steps) if self.settings.max_steps is not None else total
-
     def open_runtime(self):
         """A new runtime of the run's executable on its backend (each system of this process has its own)."""
         return _open_runtime(self.executable, runtime_backend(self.settings))
@@ -96,11 +109,6 @@ class Prepared:
             from .placement import write_plan
             write_plan(self.out, self.executable, plan_text(self.executable, self.settings))
 
-    def release_folder(self) -> None:
-        """Unlock the run folder (at the end of the run, or when it stops)."""
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
 
 
 def _fit_parameters(executable: Any, model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -37,6 +37,7 @@ import numpy as np
 
 import cocotb
 
+from wse.sim.cosim.lockstep import router_links
 from wse.sim.golden.ecc import EccError, LinkEccError
 from wse.sim.runner import run_kernel
 
@@ -64,27 +65,12 @@ def _used_links(kernel: str, config, seed: int, **sizes) -> list[tuple[int, int,
     from wse.sim.devices import make_device
 
     dev = make_device("golden", config)
-    links = [(x, y, p) for y in range(config.height) for x in range(config.width) for p in "NESW"
-             if 0 <= x + Port[p].delta[0] < config.width and 0 <= y + Port[p].delta[1] < config.height]
+    links = router_links(config.width, config.height)
     _before_first_run(dev, lambda d: [d.inject_link(x, y, p, [0], 0) for x, y, p in links])
     run_kernel(kernel, config, seed, device=lambda cfg: dev, **sizes)
     corrected = dev.link_ecc_counters()["corrected"]
     return [(x, y, p) for x, y, p in links if corrected[y, x, Port[p].value]]
 
-
-def _arm_links(pair, rng, links: list, count: int, cycles: int, flips: int) -> list[tuple]:
-    """Arm ``flips`` random code-word bits on ``count`` of ``links`` (distinct) on both devices: the first at
-    cycle 0 (so at least one fires), the others at random cycles below ``cycles``."""
-    from wse.sim.golden.ecc import LINK_CODE_BITS
-
-    armed = []
-    for i, k in enumerate(rng.choice(len(links), size=min(count, len(links)), replace=False).tolist()):
-        x, y, p = links[k]
-        bits = rng.choice(LINK_CODE_BITS, size=flips, replace=False).tolist()
-        cycle = 0 if i == 0 else int(rng.integers(cycles))
-        pair.inject_link(x, y, p, bits, cycle)
-        armed.append((x, y, p, bits, cycle))
-    return armed
 
 
 @cocotb.test()
@@ -142,7 +128,8 @@ async def random_link_flips(dut, kernel):
     rng = np.random.default_rng(seed)
     used = await in_thread(_used_links, kernel, config, seed, **sizes)
     assert used, f"{kernel} sends nothing over a link on this mesh"
-    record = _before_first_run(pair, lambda p: _arm_links(p, rng, used, env_int("LINKS", 6), clean["cycles"], 1))
+    record = _before_first_run(pair, lambda p: p.inject_random_links(rng, env_int("LINKS", 6), clean["cycles"],
+                                                                     links=used, first_at_zero=True))
     report = await in_thread(run_kernel, kernel, config, seed, device=lambda cfg: pair, **sizes)
     assert report["bit_exact"] and report["cycles"] == clean["cycles"], (report["mismatches"], report["cycles"])
     counts = await in_thread(pair.link_ecc_counters)      # golden and RTL compared link by link
@@ -160,7 +147,8 @@ async def link_double_flip_stops_the_run(dut):
     config = config_from_env()
     rng = np.random.default_rng(env_int("SEED", 0))
     used = await in_thread(_used_links, "gemv", config, env_int("SEED", 0), rows=8, cols=8)
-    _before_first_run(pair, lambda p: _arm_links(p, rng, used, 1, 1, 2))      # the link's first wavelet
+    _before_first_run(pair, lambda p: p.inject_random_links(rng, 1, 1, flips=2, links=used,
+                                                            first_at_zero=True))      # the link's first wavelet
     try:
         await in_thread(run_kernel, "gemv", config, env_int("SEED", 0), device=lambda cfg: pair, rows=8, cols=8)
     except LinkEccError as exc:      # Lockstep raises it only when both reports are the same

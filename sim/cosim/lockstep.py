@@ -33,7 +33,7 @@ from wse.config import Port
 from wse.sim.golden import FabricHang
 from wse.sim.golden.ecc import LINK_CODE_BITS, EccError, LinkEccError
 
-__all__ = ["Divergence", "Lockstep", "golden_emits"]
+__all__ = ["Divergence", "Lockstep", "golden_emits", "router_links"]
 
 _EDGE_PES = {"N": lambda i, w, h: (i, 0), "S": lambda i, w, h: (i, h - 1),
              "W": lambda i, w, h: (0, i), "E": lambda i, w, h: (w - 1, i)}
@@ -41,6 +41,12 @@ _EDGE_PES = {"N": lambda i, w, h: (i, 0), "S": lambda i, w, h: (i, h - 1),
 _DEAD_LINE = re.compile(r"^(PE \(\d+, \d+\) is dead|the link between routers )")
 _SEND = re.compile(r"^\s*(\d+) send  color (\d+) data (0x[0-9a-f]+) ctrl (\d)")
 
+
+
+def router_links(width: int, height: int) -> list[tuple[int, int, str]]:
+    """Every link between two routers of a ``width`` x ``height`` mesh, as ``(x, y, port)`` of its sending side."""
+    return [(x, y, p) for y in range(height) for x in range(width) for p in "NESW"
+            if 0 <= x + Port[p].delta[0] < width and 0 <= y + Port[p].delta[1] < height]
 
 class Divergence(AssertionError):
     """The device under test and the reference differ.
@@ -216,18 +222,19 @@ class Lockstep:
         self._both("inject_link", x, y, port, list(bits), cycle)
         self._link_injected = True
 
-    def inject_random_links(self, rng, count: int, cycles: int, flips: int = 1) -> list[tuple]:
+    def inject_random_links(self, rng, count: int, cycles: int, flips: int = 1, links=None,
+                            first_at_zero: bool = False) -> list[tuple]:
         """Arm ``count`` flips of ``flips`` random link code-word bits on
-        distinct random links between routers, each at a random cycle below
-        ``cycles``, on both devices; ``rng`` a numpy ``Generator``. Returns
-        the flips armed: ``(x, y, port, bits, cycle)``."""
-        links = [(x, y, p) for y in range(self.height) for x in range(self.width) for p in "NESW"
-                 if 0 <= x + Port[p].delta[0] < self.width and 0 <= y + Port[p].delta[1] < self.height]
+        distinct random links between routers (of ``links``, default all:
+        :func:`router_links`), each at a random cycle below ``cycles`` (the
+        first at cycle 0 with ``first_at_zero``), on both devices; ``rng`` a
+        numpy ``Generator``. Returns the flips armed: ``(x, y, port, bits, cycle)``."""
+        links = router_links(self.width, self.height) if links is None else list(links)
         armed = []
-        for k in rng.choice(len(links), size=min(count, len(links)), replace=False).tolist():
+        for i, k in enumerate(rng.choice(len(links), size=min(count, len(links)), replace=False).tolist()):
             x, y, p = links[k]
             bits = rng.choice(LINK_CODE_BITS, size=flips, replace=False).tolist()
-            cycle = int(rng.integers(cycles))
+            cycle = 0 if first_at_zero and i == 0 else int(rng.integers(cycles))
             self.inject_link(x, y, p, bits, cycle)
             armed.append((x, y, p, bits, cycle))
         return armed

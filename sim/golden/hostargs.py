@@ -16,7 +16,7 @@ import numpy as np
 
 from wse.config import Port, UsageError
 
-__all__ = ["HostArgs", "EDGE_NAMES", "host_words", "stream_words", "Rect"]
+__all__ = ["HostArgs", "EDGE_NAMES", "host_words", "stream_words", "Rect", "check_rect"]
 
 Rect = tuple[int, int, int, int]  # x0, y0, width, height
 
@@ -65,6 +65,23 @@ def stream_words(words, ctrl=None) -> tuple[np.ndarray, np.ndarray]:
             raise UsageError(f"stream_in ctrl must be one flag or one per wavelet ({len(data)}), "
                              f"not shape {np.shape(ctrl)}") from None
     return np.ascontiguousarray(data.ravel()), np.ascontiguousarray(flags)
+
+
+def check_rect(rect, width: int, height: int) -> Rect:
+    """``rect`` (x0, y0, width, height) checked against a ``width`` x ``height`` mesh, or the whole mesh for None.
+
+    Raises:
+        UsageError: a rect that is not four integers or does not fit the mesh.
+    """
+    if rect is None:
+        return (0, 0, width, height)
+    try:
+        x0, y0, w, h = (int(v) for v in rect)
+    except (TypeError, ValueError):
+        raise UsageError(f"rect must be (x0, y0, width, height), not {rect!r}") from None
+    if w < 1 or h < 1 or x0 < 0 or y0 < 0 or x0 + w > width or y0 + h > height:
+        raise UsageError(f"rect {rect!r} does not fit the {width}x{height} mesh")
+    return x0, y0, w, h
 
 
 class HostArgs:
@@ -116,15 +133,7 @@ class HostArgs:
 
     def _rect(self, rect) -> Rect:
         """``rect`` checked, or the whole mesh for None."""
-        if rect is None:
-            return (0, 0, self.width, self.height)
-        try:
-            x0, y0, w, h = (int(v) for v in rect)
-        except (TypeError, ValueError):
-            raise UsageError(f"rect must be (x0, y0, width, height), not {rect!r}") from None
-        if w < 1 or h < 1 or x0 < 0 or y0 < 0 or x0 + w > self.width or y0 + h > self.height:
-            raise UsageError(f"rect {rect!r} does not fit the {self.width}x{self.height} mesh")
-        return x0, y0, w, h
+        return check_rect(rect, self.width, self.height)
 
     def _tile(self, x: int, y: int) -> int:
         """The row-major index of PE ``(x, y)``, checked."""
