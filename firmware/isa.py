@@ -18,7 +18,7 @@ import enum
 __all__ = [
     "Field", "Format", "Instr", "Unit", "DsdKind", "FORMATS", "INSTRUCTIONS",
     "BY_NAME", "BY_OPCODE", "OPCODE_BITS", "encode", "decode", "field_value",
-    "DATA_TASK_DATA_REG", "DATA_TASK_CTRL_REG",
+    "DATA_TASK_DATA_REG", "DATA_TASK_CTRL_REG", "INDEXED",
 ]
 
 OPCODE_BITS = 6
@@ -118,6 +118,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in [
     Format("VS", (DD, DA, _f("rs", 16, 13, "reg")), "{dd}, {da}, {rs}"),
     Format("VM", (DD, DA, DB, _f("rs", 16, 13, "reg")), "{dd}, {da}, {db}, {rs}"),
     Format("VR", (RD, _f("da", 21, 19, "dsd"), _f("db", 18, 16, "dsd")), "{rd}, {da}, {db}"),
+    Format("VX", (DD, DA, DB, _f("color", 4, 0, "color"), _f("rd", 16, 13, "reg")), "{dd}, {da}, {db}, {color}, {rd}"),
     Format("VR1", (RD, _f("da", 21, 19, "dsd")), "{rd}, {da}"),
     Format("DL", (DD, RA, _f("imm", 17, 0, "imm", True)), "{dd}, {imm}({ra})"),
     Format("DR", (DD, RA), "{dd}, {ra}"),
@@ -211,6 +212,10 @@ INSTRUCTIONS: tuple[Instr, ...] = tuple(Instr(*row) for row in [
     ("dot",     48, "VR",  _V, 1, "for i in order: rd = rd + da[i] * db[i]"),
     ("fsum",    49, "VR1", _V, 1, "for i in order: rd = rd + da[i]"),
     ("fmacw",   57, "V3",  _V, 1, "dd[i % Ld] = dd[i % Ld] + da[i % La] * w[i // T], w = db (a weight stream)"),
+    ("fmacx",   58, "VX",  _V, 1, "until a control wavelet of color (its data to rd): da.base = the next wavelet, "
+                                  "then fmacw dd, da, db (db on the fabric); +1 cycle per index"),
+    ("fdotx",   59, "VX",  _V, 1, "until a control wavelet of color (its data to rd): da.base = the next wavelet, "
+                                  "then fmacw dd, da, db (db in memory), dd.base += 1; +1 cycle per index"),
     # DSD registers
     ("ldsd",    50, "DL",  _D, 2, "dd = descriptor in mem[ra + imm], mem[ra + imm + 1]"),
     ("setb",    51, "DR",  _D, 1, "dd.base = ra & 0xffff (the color, for fabric DSDs)"),
@@ -223,6 +228,10 @@ INSTRUCTIONS: tuple[Instr, ...] = tuple(Instr(*row) for row in [
 ])
 
 BY_NAME: dict[str, Instr] = {i.name: i for i in INSTRUCTIONS}
+#: The indexed vector instructions: an ``fmacw`` per index read from the fabric, until a control
+#: wavelet (``docs/architecture.md`` section 4.5). Per index: one cycle for the index, then the
+#: ``fmacw``'s elements; the control wavelet's cycle is the instruction's one extra cycle.
+INDEXED = ("fmacx", "fdotx")
 BY_OPCODE: dict[int, Instr] = {i.opcode: i for i in INSTRUCTIONS}
 
 

@@ -72,6 +72,7 @@ from .decoder import Decoder, UnitCode, opcode
 from .fpu import FPAdd, FPLt, FPMax, FPMul, FToI, IToF
 from .pe_ecc import CODE_BITS, ecc_logic, ecc_storage
 from .pe_host import host_port
+from .pe_indexed import Indexed, indexed_control
 from .pe_vector import Dsd, VectorEngine
 from .wavelet import COUNTER_NAMES, HostSpace, Wavelet, host_bus_signature, link_signature
 
@@ -98,11 +99,9 @@ _ALU = {
 _FPU = {"sfadd": "add", "sfsub": "add", "sfmul": "mul", "sfmax": "max", "sflt": "lt",
         "ftoi": "ftoi", "itof": "itof"}
 # Vector instructions: where an element's result comes from ("a": the first source).
-_VECTOR = {"fmov": "a", "fadd": "add", "fsub": "add", "fmul": "mul", "fmax": "max",
-           "fmacs": "add", "fmuls": "mul", "fadds": "add", "fmaxs": "max", "dot": "add", "fsum": "add",
-           "fmacw": "add"}
-# Vector instructions counted by the fmac counter.
-_FMAC = ("fmacs", "dot", "fmacw")
+_VECTOR = {"fmov": "a", "fadd": "add", "fsub": "add", "fmul": "mul", "fmax": "max", "fmacs": "add", "fmuls": "mul",
+           "fadds": "add", "fmaxs": "max", "dot": "add", "fsum": "add", "fmacw": "add", "fmacx": "add", "fdotx": "add"}
+_FMAC = ("fmacs", "dot", "fmacw") + isa.INDEXED  # vector instructions counted by the fmac counter
 _BRANCH = {
     "jmp": lambda a, b: 1,
     "beq": lambda a, b: a == b,
@@ -278,9 +277,9 @@ class PE(wiring.Component):
         tx = self._output_queue(m)
         tasks = self._task_scheduler(m, rx, tx)
         d = self._decode(m, mem)
-        vec = self._vector_engine(m, mem, rx, tx, d)
+        vec, x = self._vector_engine(m, mem, rx, tx, d)
         fp_result = self._floating_point(m, d, vec)
-        advance, stalled, taken, phase = self._execute(m, mem, rx, tx, tasks, d, vec, fp_result)
+        advance, stalled, taken, phase = self._execute(m, mem, rx, tx, tasks, d, vec, x, fp_result)
         self._data_read_addresses(m, mem, d, vec)
         self._sequencing(m, mem, rx, tasks, d, advance, taken)
         self._counters(m, tasks, d, vec, advance, stalled)
@@ -416,19 +415,20 @@ class PE(wiring.Component):
 
     # ---------------------------------------------------------------- vector engine
 
-    def _vector_engine(self, m, mem: _Memories, rx: _InputQueues, tx: _OutputQueue, d: _Decoded) -> VectorEngine:
-        """The vector engine, driven by the decoded vector instruction."""
+    def _vector_engine(self, m, mem: _Memories, rx: _InputQueues, tx: _OutputQueue, d: _Decoded):
+        """The vector engine and the index cycles of ``fmacx``/``fdotx`` (:mod:`.pe_indexed`)."""
         sram_rd, dec = mem.sram_rd, d.dec
         m.submodules.vector = vec = VectorEngine(self.config)
+        x = indexed_control(m, self, d, rx, vec)
         m.d.comb += [
-            vec.active.eq(self.running & d.is_vec), vec.weighted.eq(d.is_("fmacw")),
+            vec.active.eq(self.running & d.is_vec & (~x.is_x | x.in_chunk)), vec.weighted.eq(d.is_("fmacw", *isa.INDEXED)),
             vec.has_dd.eq(dec.has_dd), vec.has_db.eq(dec.has_db),
             vec.dd.eq(d.vd), vec.da.eq(d.va), vec.db.eq(d.vb),
             vec.rx_has.eq(rx.has), vec.tx_level.eq(tx.queue.level),
             vec.head_a.eq(rx.head_a[:DATA_BITS]), vec.head_b.eq(rx.head_b[:DATA_BITS]),
             [vec.read_data[k].eq(sram_rd[k].data) for k in range(3)],
         ]
-        return vec
+        return vec, x
 
     # ---------------------------------------------------------------- floating point
 
@@ -449,7 +449,7 @@ class PE(wiring.Component):
             op_b.eq(Mux(is_vec, Mux(d.dec.has_db, vec.b, rs), rb)),
             fp_mul.a.eq(Mux(is_("fmacs"), op_b, op_a)),
             fp_mul.b.eq(Mux(is_("fmacs"), rs, op_b)),
-            fp_add.a.eq(Mux(is_("dot", "fsum"), rd, Mux(is_("fmacw"), vec.acc, op_a))),
+            fp_add.a.eq(Mux(is_("dot", "fsum"), rd, Mux(is_("fmacw", *isa.INDEXED), vec.acc, op_a))),
             fp_add.b.eq(Mux(is_(*_FMAC), fp_mul.result, Mux(is_("fsum"), op_a, op_b))),
             fp_add.sub.eq(is_("sfsub", "fsub")),
             fp_max.a.eq(op_a), fp_max.b.eq(op_b),
@@ -462,7 +462,7 @@ class PE(wiring.Component):
     # ---------------------------------------------------------------- execute
 
     def _execute(self, m, mem: _Memories, rx: _InputQueues, tx: _OutputQueue, tasks: _Tasks, d: _Decoded,
-                 vec: VectorEngine, fp_result: dict):
+                 vec: VectorEngine, x: Indexed, fp_result: dict):
         """The running instruction: its effects, the input-queue pops, and whether
         it completes (``advance``), waits for the fabric (``stalled``) or branches
         (``taken``) this cycle. Returns ``(advance, stalled, taken, phase)``
@@ -483,8 +483,8 @@ class PE(wiring.Component):
         task_ok = (dec.task < cfg.tasks) & t_valid.bit_select(dec.task, 1)
         m.d.sync += phase.eq(running & is_(*_TWO_CYCLE) & ~phase)
         m.d.comb += [
-            rx.pop_a.eq(Mux(tasks.select, tasks.sel_pops, (running & is_("recv") & can_recv) | vec.pop_a)),
-            rx.color_a.eq(Mux(tasks.select, tasks.sel, Mux(is_vec, vec.color_a, dec.color))),
+            rx.pop_a.eq(Mux(tasks.select, tasks.sel_pops, (running & is_("recv") & can_recv) | vec.pop_a | x.pop)),
+            rx.color_a.eq(Mux(tasks.select, tasks.sel, Mux(is_vec & ~x.is_x, vec.color_a, dec.color))),
             rx.pop_b.eq(vec.pop_b),
             rx.color_b.eq(vec.color_b),
         ]
@@ -534,7 +534,7 @@ class PE(wiring.Component):
                                  reg_we.eq(can_recv), reg_data.eq(rx.head_a[:32])]
                 for name, unit in _VECTOR.items():
                     with m.Case(opcode(name)):
-                        m.d.comb += [advance.eq(vec.done), stalled.eq(vec.stalled)]
+                        m.d.comb += [advance.eq(Mux(x.is_x, x.end, vec.done)), stalled.eq(vec.stalled | x.stall)]
                         with m.If(vec.wb_valid):
                             with m.If(vec.wb_fabout):
                                 m.d.comb += [tx_push.eq(1), tx_push_data.data.eq(fp_result[unit]),

@@ -28,7 +28,7 @@ from wse.firmware.timing_ops import BUSY, END, OP_FIELDS, RECV, VEC, OpRows
 
 from . import records as rec
 
-__all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops", "spwgrad_items"]
+__all__ = ["BUSY", "RECV", "VEC", "END", "OP_FIELDS", "pe_ops", "spwgrad_items", "indexed_rows"]
 
 
 # Dispatch cost of each kind: ld 2 + beq 1 + (li, beq) per kind tested before it.
@@ -134,16 +134,24 @@ def _sgemm(ops: OpRows, f: dict) -> None:
     ops.busy(1)                                           # jmp op_done
 
 
+def indexed_rows(n: int, T: int, color: int, fabric_weights: bool) -> np.ndarray:
+    """``n`` indices of an ``fmacx`` (``fabric_weights``: an index, then its weight and ``T`` elements)
+    or ``fdotx`` (an index, then ``T`` elements from memory) on ``color``, and the control wavelet that
+    ends it, as timing ops: per index ``T + 1`` cycles with no waiting, the control wavelet one."""
+    if fabric_weights:
+        each = [(RECV, color, 0, 0, 0, 0), (RECV, color, 0, 0, 0, 0)] + ([(BUSY, T - 1, 0, 0, 0, 0)] if T > 1 else [])
+    else:
+        each = [(RECV, color, 0, 0, 0, 0), (BUSY, T, 0, 0, 0, 0)]
+    rows = np.array(each * n + [(RECV, color, 0, 0, 0, 0)], dtype=np.int64)
+    return rows
+
+
 def _spgemm(ops: OpRows, f: dict, steps: list[int]) -> None:
     """``spgemm``: per step ``(count << 2) | kind`` of the record's table
     (:data:`~.records.SPARSE_KINDS`); blocks of ``b`` steps, each the steps'
-    non-zeros (each step closed by a marker), then the block's ring operations."""
+    non-zeros (each step closed by a carriage return or a marker), then the block's ring operations."""
     T, w, block = f["t"], _color(f["w"]), max(f["b"], 1)
     c_out, c_in = _color(f["out"]), _color(f["inp"])
-    pair = [(RECV, w, 0, 0, 0, 0), (BUSY, 1, 0, 0, 0, 0), (VEC, T, w, -1, -1, T)]    # recv, setb, fmacw
-    group = np.array([(RECV, w, 0, 0, 0, 0), (BUSY, 2, 0, 0, 0, 0), (VEC, T, w, -1, -1, T)] + pair * 3
-                     + [(BUSY, 1, 0, 0, 0, 0)], dtype=np.int64)            # blt, setb on the first; jmp spc_nz
-    tails = [np.array(pair * r, dtype=np.int64).reshape(-1, 6) for r in range(4)]
     first, mid, last, _ = (rec.SPARSE_KINDS[k] for k in ("first", "mid", "last", "only"))
     ops.busy(2 * 2 + 7 * 2 + 5 + 1)                       # 2 ld, 7 ldsd, 5 li, jmp
     for b0 in range(0, len(steps), block):
@@ -155,16 +163,8 @@ def _spgemm(ops: OpRows, f: dict, steps: list[int]) -> None:
                 ops.busy(2)                               # blt, setb
                 ops.recv(w)
                 ops.busy(T + 1)                           # fmacs (memory)
-                groups, rest = divmod(n - 1, 4)
-                if groups:
-                    rows = np.tile(group, (groups, 1))
-                    ops.block(rows[:-1])
-                    ops.busy(1)
-                ops.recv(w)                               # -(rest + 1)
-                ops.busy(1 + (1, 2, 3, 3)[rest])          # blt (taken), the tail's branches
-                if rest:
-                    ops.block(tails[rest])
-                ops.busy(1)                               # addb
+                ops.block(indexed_rows(n - 1, T, w, True))  # fmacx: the other pairs, the carriage return
+                ops.busy(2)                               # jmp, addb
             else:
                 ops.busy(2 + T + 1 + 2)                   # blt, bne; fmov (memory); jmp, addb
         ops.recv(w)                                       # -3: the ring part
@@ -269,44 +269,33 @@ def _spwgrad(ops: OpRows, f: dict, table: list[int]) -> None:
     T, H, bias, cap = f["t"], f["h"], f["bias"], f["gall"][2]
     w, e_in, e_out = _color(f["w"]), _color(f["ein"]), _color(f["eout"])
     counts = table[:H]
-    weight = [(RECV, w, 0, 0, 0, 0), (BUSY, T + 3, 0, 0, 0, 0)]           # recv; setb, fmacw (memory), addb
-    group = np.array([(RECV, w, 0, 0, 0, 0), (BUSY, 1 + T + 3, 0, 0, 0, 0)] + weight * 2
-                     + [(RECV, w, 0, 0, 0, 0), (BUSY, T + 3 + 1, 0, 0, 0, 0)], dtype=np.int64)  # blt first; jmp
-    tails = [np.array(weight * r, dtype=np.int64).reshape(-1, 6) for r in range(4)]
     ops.busy(6 * 2 + 1 + 2 * 2 + cap + 1 + 2 * 2 + 2)    # 6 ld, addi, 2 ldsd, fmov G, 2 ldsd, 2 li
     for s, items in enumerate(spwgrad_items(counts, table[H:], bias, cap)):
         ops.busy(4)                                       # add, ld, bge
         if s < H - 1:
             _rotate(ops, f, counts[s] * T, counts[s + 1] * T, 20)
-        ops.busy(2 + 1 + 4 + 1)                           # ldsd, setb, 4 li, jmp
+        ops.busy(2 + 1 + 3)                               # ldsd, setb, 3 li
+        ops.recv(w)                                       # the first marker
+        after_output = False                              # how the marker was reached: recv, or fdotx's end
         for item in items:
+            ops.busy(2 if after_output else 1)            # addb d7, beq / blt
             if item[0] == "out":
                 n, b = item[1], item[2]
-                if b:
-                    ops.recv(w)                           # -5
-                    ops.busy(4 + 1 + T + 1 + 2 + 1 + 1)   # blt, blt, addi, bne; li, fsum, fadds, addb, jmp
-                groups, rest = divmod(n, 4)
-                if groups:
-                    rows = np.tile(group, (groups, 1))
-                    ops.block(rows[:-1])
-                    ops.busy(int(rows[-1, 1]))
-                ops.recv(w)                               # -(rest + 1)
-                ops.busy(2 + (1, 2, 3, 3)[rest])          # blt, blt, the tail's branches
-                if rest:
-                    rows = tails[rest]
-                    ops.block(rows[:-1])
-                    ops.busy(int(rows[-1, 1]))
-                ops.busy(1)                               # addb d7
+                if b:                                     # -5: addi, bne; li, fsum, fadds, addb, jmp
+                    ops.busy(2 + 1 + T + 1 + 2 + 1 + 1)
+                ops.block(indexed_rows(n, T, w, False))   # fdotx: the indices and the next marker
+                after_output = True
             else:
                 N = item[1]
-                ops.recv(w)                               # -6
-                ops.busy(5)                               # blt, blt, addi, bne, bne
+                ops.busy(3)                               # addi, bne (taken), bne
                 ops.recv(w)                               # N
                 ops.busy(3 * 2 + 3)                       # 3 ldsd, 3 setl
                 ops.vec(N, in1=e_in, out=e_out)
-                ops.busy(N + 1 + 1 + 1)                   # fmov G back to +0, setb, jmp
-        ops.recv(w)                                       # -7
-        ops.busy(5 + 5)                                   # blt, blt, addi, bne, bne; 3 add, addi, bge
+                ops.busy(N + 1 + 1)                       # fmov G back to +0, setb
+                ops.recv(w)                               # the next marker
+                ops.busy(1)                               # jmp swg_mark
+                after_output = False
+        ops.busy((2 if after_output else 1) + 3 + 5)      # -7: (addb, beq / blt), addi, bne, bne; 3 add, addi, bge
     ops.busy(1)                                           # jmp op_done
 
 

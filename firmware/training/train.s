@@ -239,10 +239,10 @@ sgs_ring:
 ; step's partial of a block, each into its own slot of T words (so that a row
 ; with more non-zeros in one step catches up in the next instead of holding
 ; up the ring), then the block's ring operations, one per step in order.
-; Compute part, per step: the first pair, then groups of four pairs, then
-; -(r + 1) and the last r < 4 pairs (only the group's first index is tested);
-; or -2 alone (a step without a non-zero here: its slot is set to +0); -3
-; ends the part.
+; Compute part, per step: the pairs, then a carriage return (a control
+; wavelet: the first pair starts the slot from the zero block, fmacx takes the
+; others and the carriage return); or -2 alone (a step without a non-zero
+; here: its slot is set to +0); -3 ends the part.
 ; Ring part, per step: -1 FIRST (a bias word follows: send add(acc, b)), -2
 ; MID (send add(in, acc)), -3 LAST (store add(in, acc) in the next y slot),
 ; -4 ONLY (one row: a bias word follows, store add(acc, b)); then -5 (the
@@ -266,21 +266,6 @@ spgemm:
         li      r12, -2
         li      r13, -3
         jmp     spc_step
-spc_tail:                               ; -(r + 1): r more non-zeros, then the step ends
-        beq     r1, r11, spc_done
-        beq     r1, r12, spc_t1
-        beq     r1, r13, spc_t2
-        recv    r1, C_W
-        setb    d1, r1
-        fmacw   d0, d1, d4
-spc_t2:
-        recv    r1, C_W
-        setb    d1, r1
-        fmacw   d0, d1, d4
-spc_t1:
-        recv    r1, C_W
-        setb    d1, r1
-        fmacw   d0, d1, d4
 spc_done:
         addb    d0, r3                  ; the next slot
 spc_step:
@@ -289,21 +274,8 @@ spc_step:
         setb    d1, r1
         recv    r8, C_W
         fmacs   d0, d5, d1, r8          ; acc = +0 + x[k] * w
-spc_nz:
-        recv    r1, C_W                 ; a group's first index, or the tail's marker
-        blt     r1, r0, spc_tail
-        setb    d1, r1
-        fmacw   d0, d1, d4              ; acc += x[k] * w, w popped from the stream
-        recv    r1, C_W
-        setb    d1, r1
-        fmacw   d0, d1, d4
-        recv    r1, C_W
-        setb    d1, r1
-        fmacw   d0, d1, d4
-        recv    r1, C_W
-        setb    d1, r1
-        fmacw   d0, d1, d4
-        jmp     spc_nz
+        fmacx   d0, d1, d4, C_W, r0     ; acc += x[k] * w for every other pair, until the carriage return
+        jmp     spc_done
 spc_mark:
         bne     r1, r12, spr_start      ; -3: the ring part
         fmov    d0, d5                  ; -2: no non-zero here, the slot is +0
@@ -442,20 +414,20 @@ wg_next:
 ; spwgrad: the weight (and bias) gradients of a masked layer: wgrad's rotation
 ; of the deltas and its row chain, but only the kept weights' gradients are
 ; computed and leave the mesh. MemoryX sends the mask as indices on C_W
-; (multicast along the row): per output o of the held block, the address of
-; x[k] (feature-major, T words) of every kept weight W[o, k] of this row, each
-; into the next word of G (G starts at +0):
-;   G[m] += x[k][t] * dy[o][t], t = 0 .. T-1    (fmacw, a one-word accumulator)
-; (wgrad's order for that weight: +0 + x[k][0]*dy[o][0] + ...), in groups of
-; four (only a group's first index is tested), then -(r + 1) and the last
-; r < 4 of them, and the next output follows. Before an output's indices, -5
-; (step 0 with a bias): the next word of G is the bias partial. -6 and a
-; count N: the row chain of G's first N words, east = west + G, and those
-; words back to +0 (MemoryX sends it when the next output would not fit, and
-; at the end). -7: the end of the rotation step.
+; (multicast along the row): per output o of the held block, a marker (a
+; control wavelet), then the address of x[k] (feature-major, T words) of
+; every kept weight W[o, k] of this row; fdotx puts each into the next word
+; of G (G starts at +0):
+;   G[m] += x[k][t] * dy[o][t], t = 0 .. T-1    (a one-word accumulator)
+; (wgrad's order for that weight: +0 + x[k][0]*dy[o][0] + ...) and stops at
+; the next marker: -1 (the next output's indices follow), -5 (step 0 with a
+; bias: the next word of G is the bias partial, then the output's indices),
+; -6 and a count N (the row chain of G's first N words, east = west + G, and
+; those words back to +0; MemoryX sends it when the next output would not
+; fit, and at the end; another marker follows), -7 (the end of the rotation
+; step).
 ;   r3 T, r4 1, r5 current block (moving pointer), r6 receive buffer, r7 other
-;   buffer, r9 s, r2 -3, r10 -4, r11 -1, r12 -2 (after the rotation), r13 &G,
-;   r14 H-1
+;   buffer, r9 s, r10 -4, r11 -1, r12 -2 (after the rotation), r13 &G, r14 H-1
 spwgrad:
         ld      r3, SW_T(r15)
         ld      r13, SW_GA(r15)
@@ -498,51 +470,16 @@ swg_recv_first:
 swg_compute:
         ldsd    d7, SW_DYO(r15)
         setb    d7, r5                  ; dy[o][0 ..] of the block's first output
-        li      r2, -3
         li      r10, -4
         li      r11, -1
         li      r12, -2
-        jmp     swg_nz
-swg_tail:                               ; a marker
-        blt     r1, r10, swg_other
-        beq     r1, r11, swg_out        ; -(r + 1): r more kept weights, then the next output
-        beq     r1, r12, swg_t1
-        beq     r1, r2, swg_t2
-        recv    r1, C_W
-        setb    d3, r1
-        fmacw   d0, d3, d7
-        addb    d0, r4
-swg_t2:
-        recv    r1, C_W
-        setb    d3, r1
-        fmacw   d0, d3, d7
-        addb    d0, r4
-swg_t1:
-        recv    r1, C_W
-        setb    d3, r1
-        fmacw   d0, d3, d7
-        addb    d0, r4
-swg_out:
+        recv    r1, C_W                 ; the step's first marker
+swg_mark:
+        blt     r1, r10, swg_other      ; -5, -6 or -7
+swg_out:                                ; -1: an output's indices follow
+        fdotx   d0, d3, d7, C_W, r1     ; G[m] += x[k][t] * dy[o][t], m += 1, until the next marker
         addb    d7, r3                  ; the next output's deltas
-swg_nz:
-        recv    r1, C_W                 ; a group's first index, or a marker
-        blt     r1, r0, swg_tail
-        setb    d3, r1
-        fmacw   d0, d3, d7              ; G[m] += x[k][t] * dy[o][t]
-        addb    d0, r4
-        recv    r1, C_W
-        setb    d3, r1
-        fmacw   d0, d3, d7
-        addb    d0, r4
-        recv    r1, C_W
-        setb    d3, r1
-        fmacw   d0, d3, d7
-        addb    d0, r4
-        recv    r1, C_W
-        setb    d3, r1
-        fmacw   d0, d3, d7
-        addb    d0, r4
-        jmp     swg_nz
+        beq     r1, r11, swg_out
 swg_other:
         addi    r1, r1, 4
         bne     r1, r11, swg_chain
@@ -550,7 +487,7 @@ swg_other:
         fsum    r8, d7
         fadds   d0, d1, r8              ; G[m] = +0 + r8 (r8, summed from +0, is never -0)
         addb    d0, r4
-        jmp     swg_nz
+        jmp     swg_out
 swg_chain:
         bne     r1, r12, swg_next       ; -7: the end of the rotation step
         recv    r8, C_W                 ; -6: N
@@ -563,7 +500,8 @@ swg_chain:
         fadd    d5, d6, d2              ; east = west + G
         fmov    d2, d1                  ; G back to +0
         setb    d0, r13
-        jmp     swg_nz
+        recv    r1, C_W                 ; the next marker
+        jmp     swg_mark
 swg_next:
         add     r5, r6, r0              ; the received block is the next one
         add     r6, r7, r0

@@ -134,7 +134,7 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
 
 
 #: The marker words of a sparse stream (``train.s``'s ``spgemm``), as the pool holds them after +0 and -0:
-#: in the compute part -(r + 1) before a step's last r < 4 non-zeros, -2 an empty step, -3 the ring part;
+#: in the compute part -1 the carriage return after a step's pairs, -2 an empty step, -3 the ring part;
 #: in the ring part -1 FIRST, -2 MID, -3 LAST, -4 ONLY, -5 the next block, -6 the end of the stream.
 _MARKS = (-1, -2, -3, -4, -5, -6)
 
@@ -152,8 +152,7 @@ def sparse_slots(ctx: Context, T: int) -> tuple[int, int]:
 def _spgemm_stream(kept: np.ndarray, out: np.ndarray, kinds: np.ndarray, weight_index, bias_index,
                    block: int, w0: int) -> tuple[np.ndarray, np.ndarray]:
     """``(gather, ctrl)`` of one row's sparse stream: per block of ``block`` steps, the steps'
-    index/value pairs (the first, groups of four, then ``-(r + 1)`` and the last ``r < 4``; -2
-    alone for a step without any), -3, then each step's
+    index/value pairs and a carriage return (-1; -2 alone for a step without any), -3, then each step's
     ring kind (and bias word for FIRST and ONLY), then -5, or -6 after the last block. The pool
     holds the markers from ``w0`` on and the feature addresses after them."""
     gather, ctrl = [], []
@@ -171,10 +170,9 @@ def _spgemm_stream(kept: np.ndarray, out: np.ndarray, kinds: np.ndarray, weight_
                 pairs = np.empty(2 * len(local), dtype=np.int64)
                 pairs[0::2] = w0 + len(_MARKS) + local
                 pairs[1::2] = weight_index(out[s], local)
-                rest = (len(local) - 1) % 4                 # the first pair, groups of four, -(rest + 1), rest
-                cut = len(pairs) - 2 * rest
-                gather += [pairs[:cut], np.array([w0 + rest], dtype=np.int64), pairs[cut:]]
-                ctrl += [np.zeros(cut, np.uint8), np.ones(1, np.uint8), np.zeros(len(pairs) - cut, np.uint8)]
+                gather.append(pairs)
+                ctrl.append(np.zeros(len(pairs), np.uint8))
+                mark(-1)                                    # the carriage return: fmacx stops at it
             else:
                 mark(-2)
         mark(-3)
@@ -336,12 +334,12 @@ def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[li
     """Records, the mask's index streams and the gradient streams of a masked
     layer's weight gradients (``train.s``'s ``spwgrad``): wgrad's rotation and
     row chain over the kept weights only. Row ``i``'s index stream holds, per
-    rotation step and output of the held block, -5 for a bias partial, the
-    addresses of the kept features' blocks of ``x`` (feature-major) in groups
-    of four, then ``-(r + 1)`` and the last ``r < 4``; the row chain of the
-    gradients gathered in G (``-6, N``) when the next output would not fit
-    (:func:`~wse.firmware.training.timing.spwgrad_items`) and at the end; -7
-    ends a rotation step."""
+    rotation step and output of the held block, a marker (-1, or -5 for a bias
+    partial first) and the addresses of the kept features' blocks of ``x``
+    (feature-major; ``fdotx`` takes them and stops at the next marker); the row
+    chain of the gradients gathered in G (``-6, N``) when the next output would
+    not fit (:func:`~wse.firmware.training.timing.spwgrad_items`) and at the
+    end; -7 ends a rotation step."""
     from wse.firmware.training.timing import spwgrad_items
 
     H = ctx.H
@@ -385,8 +383,7 @@ def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[li
                 if item[0] == "out":
                     local = addrs + kept_local[at]
                     at += 1
-                    cut = len(local) - len(local) % 4                      # groups of four, -(r + 1), r more
-                    gather += [[marks + 4] * item[2], local[:cut], [marks + len(local) % 4], local[cut:]]
+                    gather += [[marks + (4 if item[2] else 0)], local]     # -5 (a bias partial first) or -1
                 else:
                     gather.append([marks + 5, lengths + item[1]])          # -6, N
             gather.append([marks + 6])                                     # -7

@@ -524,10 +524,37 @@ on4:    li r3, 4
         st r4, n(r0)
         exit
 """, (4,), (), [("W", 0, 4, [100, 101], None)], [22, 21, 20]),
+    # Indexed vectors: fmacx (index/value pairs on color 1 until a control wavelet) and fdotx
+    # (indices on color 2, weights in memory, one result word per index).
+    "indexed": ("""
+.data
+xs:    .float 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, -0.5, 0.25, 3.0, -2.0
+acc:   .float 0.5, -1.0, 2.0, 0.25
+dys:   .float 0.5, -2.0, 4.0, 1.5
+g:     .zero 4
+dacc:  .dsd mem, base=acc, len=4, stride=1
+dx:    .dsd mem, base=0, len=4, stride=1
+win:   .dsd fabin, color=1, len=0
+ddy:   .dsd mem, base=dys, len=4, stride=1
+dg:    .dsd mem, base=g, len=1, stride=1
+.text
+.task 20, main
+main:   ldsd d0, dacc(r0)
+        ldsd d1, dx(r0)
+        ldsd d2, win(r0)
+        ldsd d3, ddy(r0)
+        ldsd d4, dg(r0)
+        fmacx d0, d1, d2, 1, r3
+        fdotx d4, d1, d3, 2, r4
+        fmacx d0, d1, d2, 1, r5
+        exit
+""", (1, 2), (), [("W", 0, 1, [4, 0x3f000000, 0, 0xc0000000, 8, 0x40400000, 0xffffffff, 7],
+                        [0, 0, 0, 0, 0, 0, 1, 1]),
+                  ("W", 0, 2, [0, 8, 4, 0xfffffffe], [0, 0, 0, 1])], [20]),
 }
 
 
 def directed_scenarios(config: FabricConfig = PE_CONFIG) -> list[Scenario]:
-    """The directed programs: integer, binary32, vectors, fabric and tasks."""
+    """The directed programs: integer, binary32, vectors, fabric, tasks and indexed vectors."""
     return [_scenario(name, source, config, inputs, outputs, streams, launch)
             for name, (source, inputs, outputs, streams, launch) in _DIRECTED.items()]

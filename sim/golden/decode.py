@@ -14,13 +14,16 @@ import numpy as np
 from wse import numerics as fp
 from wse.firmware import isa
 
-__all__ = ["M32", "K_SCALAR", "K_VECTOR", "K_SEND", "K_RECV", "K_EXIT", "ELEMENT", "VECTOR", "FMAC_OPS",
-           "compile_program"]
+__all__ = ["M32", "K_SCALAR", "K_VECTOR", "K_SEND", "K_RECV", "K_EXIT", "K_INDEXED", "ELEMENT", "VECTOR",
+           "FMAC_OPS", "compile_program"]
 
 M32 = 0xFFFFFFFF
 
 # Kinds of compiled instructions.
 K_SCALAR, K_VECTOR, K_SEND, K_RECV, K_EXIT = range(5)
+#: ``fmacx`` and ``fdotx`` (:data:`wse.firmware.isa.INDEXED`): vector instructions that read their
+#: indices from the fabric (6: the vectorized model's code table uses 5 for an undecodable word).
+K_INDEXED = 6
 
 # Scalar element operations of the vector instructions, on bit patterns.
 ELEMENT = {
@@ -46,7 +49,7 @@ VECTOR = {
     "fadds": lambda a, b, s: fp.vadd(a, np.uint32(s)),
     "fmaxs": lambda a, b, s: fp.vmax(a, np.uint32(s)),
 }
-FMAC_OPS = ("fmacs", "dot", "fmacw")
+FMAC_OPS = ("fmacs", "dot", "fmacw") + isa.INDEXED
 
 
 def _s32(value: int) -> int:
@@ -166,7 +169,9 @@ def compile_program(code: np.ndarray, sram_words: int) -> list:
             compiled.append((None, str(exc), 1, None))
             continue
         name = ins.name
-        if ins.is_vector:
+        if name in isa.INDEXED:
+            compiled.append((K_INDEXED, fields, ins.cycles, ins))
+        elif ins.is_vector:
             compiled.append((K_VECTOR, fields, ins.cycles, ins))
         elif name in ("send", "sendc"):
             compiled.append((K_SEND, fields, ins.cycles, ins))

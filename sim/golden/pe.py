@@ -19,7 +19,8 @@ from wse.firmware.asm import format_instruction
 from wse.firmware.isa import DsdKind
 
 from wse import numerics as fp
-from .decode import ELEMENT, FMAC_OPS, K_EXIT, K_SCALAR, K_SEND, K_VECTOR, M32, VECTOR, compile_program
+from . import pe_indexed
+from .decode import ELEMENT, FMAC_OPS, K_EXIT, K_INDEXED, K_SCALAR, K_SEND, K_VECTOR, M32, VECTOR, compile_program
 from .errors import ProgramFault
 from .events import pe_stall_begin, pe_stall_end
 
@@ -70,6 +71,7 @@ class PE:
         self.time = 0            # the cycle of the PE's next step
         self.task_start = 0
         self.vec = None          # state of a vector instruction in progress
+        self.xvec = None         # state of an indexed one (fmacx, fdotx: wse.sim.golden.pe_indexed)
         self.wait = None         # ("rx", color) / ("tx",) / ("idle",) while waiting for the fabric
         self.instr_start = None  # cycle the current fabric instruction started (for stalls)
         self.inflight_due = -1   # cycle at whose end a vector element is pushed to tx
@@ -163,6 +165,8 @@ class PE:
             self.run(t + 1, t)
         elif self.vec is not None:
             self.vector_element(t)
+        elif self.xvec is not None:
+            pe_indexed.index_cycle(self, t)
         else:
             self.run(t, t)
 
@@ -228,6 +232,9 @@ class PE:
             if kind == K_VECTOR:
                 self._vector_begin(payload, ins)
                 self.vector_element(time)
+            elif kind == K_INDEXED:
+                pe_indexed.begin(self, payload, ins)
+                pe_indexed.index_cycle(self, time)
             elif kind == K_SEND:
                 self.send_or_recv_attempt(time)
             else:
@@ -519,6 +526,9 @@ class PE:
     def _vector_end(self, last_write: int, now: int) -> None:
         """The last element writes in cycle ``last_write`` (the cycle before the
         instruction's last for an empty vector); continue after it."""
+        if self.xvec is not None:  # one index of fmacx: its next index cycle
+            pe_indexed.chunk_done(self, last_write)
+            return
         ins, f, dst, srcs, scalar, n, i, acc = self.vec
         self.vec = None
         if dst is None and f["rd"]:

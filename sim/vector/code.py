@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from wse.firmware import isa
-from wse.sim.golden.decode import K_EXIT, K_RECV, K_SCALAR, K_SEND, K_VECTOR
+from wse.sim.golden.decode import K_EXIT, K_INDEXED, K_RECV, K_SCALAR, K_SEND, K_VECTOR
 
 from .fpk import VOPS
 
-__all__ = ["CodeTable", "K_BAD", "K_SCALAR", "K_VECTOR", "K_SEND", "K_RECV", "K_EXIT", "FIELDS"]
+__all__ = ["CodeTable", "K_BAD", "K_SCALAR", "K_VECTOR", "K_SEND", "K_RECV", "K_EXIT", "K_INDEXED", "FIELDS"]
 
 #: The kind of an instruction word that does not decode (a fault when executed).
 K_BAD = 5
@@ -70,7 +70,9 @@ class CodeTable:
             rows["op"][i] = ins.opcode
             rows["cycles"][i] = ins.cycles
             rows["vop"][i] = VOPS.get(ins.name, -1)
-            if ins.is_vector:
+            if ins.name in isa.INDEXED:
+                kind = K_INDEXED
+            elif ins.is_vector:
                 kind = K_VECTOR
             elif ins.name in ("send", "sendc"):
                 kind = K_SEND

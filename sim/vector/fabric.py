@@ -27,16 +27,16 @@ import numpy as np
 
 from wse.config import FabricConfig
 from wse.firmware.asm import format_instruction
-from wse.firmware.isa import BY_NAME
+from wse.firmware.isa import BY_NAME, BY_OPCODE
 from wse.sim.golden.errors import FabricHang, ProgramFault
 from wse.sim.golden.hostargs import HostArgs, Rect, stream_words
 
 from . import loop
-from .code import K_BAD, K_EXIT, K_SEND, K_VECTOR, CodeTable
+from .code import K_BAD, K_EXIT, K_INDEXED, K_SEND, K_VECTOR, CodeTable
 from .routers import VectorRouters
 from .scalar import run_scalars, scalar_fault
 from .state import COUNTERS, PeState
-from . import veck
+from . import veck, vindexed
 from .vector import begin_fabric_vector, vector_elements, vector_memory
 
 __all__ = ["VectorFabric"]
@@ -179,6 +179,11 @@ class VectorFabric(HostArgs):
                 ins = f" ({exc})"
         return ProgramFault(f"{where}{ins}: {message}")
 
+    def indexed_fault(self, pe: int, kind: int, value: int) -> ProgramFault:
+        """The fault ``kind`` (:mod:`.vindexed`) of PE ``pe``'s ``fmacx``/``fdotx``."""
+        name = BY_OPCODE[int(self.code.op[self.s.base[pe] + self.s.pc[pe]])].name
+        return self.fault(pe, vindexed.fault_message(kind, value, name, self.colors, self.s.mem.shape[1]))
+
     def check_task(self, pes: np.ndarray, task: np.ndarray) -> None:
         """Fault unless every PE's program has an entry for its ``task``."""
         ok = task < self.s.ntasks
@@ -239,6 +244,8 @@ class VectorFabric(HostArgs):
                 raise scalar_fault(self, int(a), int(b), int(c))
             if code == loop.F_COLOR:
                 raise self.fault(int(a), f"color {int(b)} is not below colors={self.colors}")
+            if code == loop.F_INDEXED:
+                raise self.indexed_fault(int(a), int(b), int(c))
             pes = W[0][loop.GROUP, :a].copy()      # a vector fault: the group's array checks raise it
             rows = s.base[pes] + s.pc[pes]
             (vector_memory if code == loop.F_VMEM else begin_fabric_vector)(self, pes, rows)
@@ -295,9 +302,13 @@ class VectorFabric(HostArgs):
         started = self._select_tasks(due[~running], t)
         busy = due[running]
         vec = busy[s.vactive[busy]]
-        rest = busy[~s.vactive[busy]]
+        indexed = busy[s.xstage[busy] > 0]
+        rest = busy[~s.vactive[busy] & (s.xstage[busy] == 0)]
         now = self._run_ahead(np.concatenate([started, rest]) if started.size else rest, t)
         cont, begun = self._fabric(now, t)
+        indexed = np.concatenate([indexed, now[s.xstage[now] == 3]])
+        if indexed.size:
+            self._indexed(indexed, t)
         if begun.size:
             vec = np.concatenate([vec, begun])
         ended = vector_elements(self, vec, t) if vec.size else _EMPTY
@@ -363,6 +374,17 @@ class VectorFabric(HostArgs):
             pes = pes[private]
         return np.concatenate(now) if now else _EMPTY
 
+    def _indexed(self, pes: np.ndarray, t: int) -> None:
+        """Cycle ``t`` of the ``fmacx``/``fdotx`` of ``pes`` (:func:`.vindexed.indexed_cycle`)."""
+        s, code, c = self.s, self.code, self.s.counters
+        fault = np.zeros(3, dtype=np.int64)
+        self.moved += vindexed.indexed_cycle(
+            pes, t, self.colors, code.op, code.rd, code.dd, code.da, code.db, code.color, s.base, s.pc, s.rdata,
+            s.rctrl, s.rhead, s.rcount, s.mem, s.regs, s.dsd_kind, s.dsd_base, s.dsd_len, s.dsd_stride, s.xstage,
+            s.xbusy, s.vi, s.vn, s.instr_start, s.time, s.waiting, c["stall"], c["fmac"], c["flops"], fault)
+        if fault[1]:
+            raise self.indexed_fault(int(fault[0]), int(fault[1]), int(fault[2]))
+
     def _touches_fabric(self, pes, rows) -> np.ndarray:
         s, code = self.s, self.code
         out = np.empty(pes.size, dtype=bool)
@@ -389,6 +411,11 @@ class VectorFabric(HostArgs):
         begun = pes[vec]
         if begun.size:
             begin_fabric_vector(self, begun, rows[vec])
+        x = kind == K_INDEXED
+        if x.any():                 # fmacx, fdotx: their first cycle follows (_step_pes)
+            s.counters["instructions"][pes[x]] += 1
+            s.xstage[pes[x]], s.xbusy[pes[x]] = 3, 0
+        vec |= x
         pes, rows, kind = pes[~vec], rows[~vec], kind[~vec]
         if pes.size == 0:
             return _EMPTY, begun

@@ -14,7 +14,7 @@ Python only when the run stops:
 * ``DRAIN``: the buffer of wavelets that left the mesh is nearly full (the
   caller moves them to ``edge_out`` and calls again: the loop resumes at the
   cycle it stopped before, from ``ctl``);
-* a fault (``F_SCALAR``, ``F_VMEM``, ``F_FVEC``, ``F_COLOR``), found before
+* a fault (``F_SCALAR``, ``F_VMEM``, ``F_FVEC``, ``F_COLOR``, ``F_INDEXED``), found before
   the faulting instruction changed any state: the caller raises the golden
   model's message (for the vector faults by running the group of PEs that
   met the fault through the array checks of :mod:`~wse.sim.vector.vector`).
@@ -34,18 +34,19 @@ from numba import njit
 
 from wse.firmware.isa import BY_NAME
 
-from . import fpk, kernels, scalar, veck
-from .code import K_EXIT, K_SEND, K_VECTOR
+from . import fpk, kernels, scalar, veck, vindexed
+from .code import K_EXIT, K_INDEXED, K_SEND, K_VECTOR
 from .scalar import SOP_OF, scalar_kernel
 from .state import COUNTERS
 
-__all__ = ["run_cycles", "pack", "scratch", "GROUP", "IDLE", "DRAIN", "LIMIT", "HANG", "F_SCALAR", "F_VMEM", "F_FVEC", "F_COLOR"]
+__all__ = ["run_cycles", "pack", "scratch", "GROUP", "IDLE", "DRAIN", "LIMIT", "HANG", "F_SCALAR", "F_VMEM", "F_FVEC",
+           "F_COLOR", "F_INDEXED"]
 
-IDLE, DRAIN, LIMIT, HANG, F_SCALAR, F_VMEM, F_FVEC, F_COLOR = range(8)
+IDLE, DRAIN, LIMIT, HANG, F_SCALAR, F_VMEM, F_FVEC, F_COLOR, F_INDEXED = range(9)
 _FMACW = BY_NAME["fmacw"].opcode
 _SENDC = BY_NAME["sendc"].opcode
 #: Lists of PEs in the scratch array ``G[list, pe]``.
-_IDLE, _REST, _VEC, _A, _NOW, _CONT, _MORE, _CUR, _STOP, _PRIV, _PF, _PO, _RF, _RO, _OUT, _SUB = range(16)
+_IDLE, _REST, _VEC, _A, _NOW, _CONT, _MORE, _CUR, _STOP, _PRIV, _PF, _PO, _RF, _RO, _OUT, _SUB, _XL = range(17)
 #: The list ``G[GROUP]`` that holds the group of PEs of a vector fault.
 GROUP = _SUB
 
@@ -58,7 +59,7 @@ def pack(fab) -> tuple:
          s.dsd_kind, s.dsd_base, s.dsd_len, s.dsd_stride, s.entry, s.bound, s.blocked, s.activated, s.base,
          s.ncode, s.running, s.task, s.pc, s.time, s.waiting, s.task_start, s.instr_start, s.inflight_due,
          s.vactive, s.vrow, s.vi, s.vn, s.vacc, s.vscalar, s.vkind, s.vbase, s.vlen, s.vstride) \
-        + tuple(c[k] for k in COUNTERS)
+        + tuple(c[k] for k in COUNTERS) + (s.xstage, s.xbusy)
     K = (code.kind, code.op, code.vop, code.cycles, code.rd, code.ra, code.rb, code.imm, code.rs, code.target,
          code.task, code.dd, code.da, code.db, code.color, code.vec_fmt, code.has_db, code.has_rs, SOP_OF)
     R = (r.data, r.ctrl, r.head, r.count, r.route_in, r.route_mask, r.nbr, r.edge_r, r.edge_p, r.edge_stream,
@@ -204,16 +205,33 @@ def _run_ahead(t, G, src, k, S, K, C, limit, OP, touch):
 
 
 @njit(inline="always")
-def _fabric(t, G, k, nvec, S, K, C, tx_depth, OP):
+def _indexed(t, G, nx, S, K, C, XF):
+    """Cycle ``t`` of the ``fmacx``/``fdotx`` of ``G[_XL, :nx]`` (:func:`.vindexed.indexed_cycle`); a fault
+    leaves ``(pe, kind, value)`` in ``XF``. Returns the wavelets taken."""
+    (rdata, rctrl, rhead, rcount, _, _, _, _, _, mem, regs, dsd_kind, dsd_base, dsd_len, dsd_stride) = S[:15]
+    base, pc, time, waiting, instr_start = S[19], S[23], S[24], S[25], S[27]
+    vi, vn = S[31], S[32]
+    fmac, flops, stall = S[41], S[42], S[43]
+    xstage, xbusy = S[45], S[46]
+    op, rd, dd, da, db, color = K[1], K[4], K[11], K[12], K[13], K[14]
+    XF[1] = 0
+    return vindexed.indexed_cycle(G[_XL, :nx], t, C, op, rd, dd, da, db, color, base, pc, rdata, rctrl, rhead,
+                                  rcount, mem, regs, dsd_kind, dsd_base, dsd_len, dsd_stride, xstage, xbusy, vi, vn,
+                                  instr_start, time, waiting, stall, fmac, flops, XF)
+
+
+@njit(inline="always")
+def _fabric(t, G, k, nvec, nx, S, K, C, tx_depth, OP):
     """Fabric instructions of ``G[_NOW, :k]`` reached in cycle ``t`` (the array stepper's ``_fabric``):
-    vector starts appended to ``G[_VEC]`` from ``nvec``, the send/recv that went on to ``G[_CONT]``.
-    Returns ``(nvec, ncont, code, a, b)``: ``F_FVEC`` with the group's size (in ``G[_SUB]``), ``F_COLOR``
-    with ``(pe, color)``."""
+    vector starts appended to ``G[_VEC]`` from ``nvec``, ``fmacx``/``fdotx`` starts to ``G[_XL]`` from
+    ``nx``, the send/recv that went on to ``G[_CONT]``. Returns ``(nvec, ncont, nx, code, a, b)``:
+    ``F_FVEC`` with the group's size (in ``G[_SUB]``), ``F_COLOR`` with ``(pe, color)``."""
     (rdata, _, rhead, rcount, tdata, tcolor, tctrl, thead, tcount, mem, regs) = S[:11]
     base, pc, time, waiting, instr_start = S[19], S[23], S[24], S[25], S[27]
     (vacc, vactive, vrow, vi, vn, vscalar, vkind, vbase, vlen, vstride) = (S[33], S[29], S[30], S[31], S[32],
                                                                         S[34], S[35], S[36], S[37], S[38])
     instructions, fmac, flops, stall = S[40], S[41], S[42], S[43]
+    xstage, xbusy = S[45], S[46]
     (kinds, op, _, cycles, rd, ra, _, _, _, _, _, _, _, _, color, _, _, _, _) = K
     kind, vbase_g, ln, stride, scalar, n, vop_g, _ = OP[:8]
     nb = no = 0
@@ -225,6 +243,11 @@ def _fabric(t, G, k, nvec, S, K, C, tx_depth, OP):
         if kinds[r] == K_VECTOR:
             G[_PF, nb], G[_RF, nb] = p, r
             nb += 1
+        elif kinds[r] == K_INDEXED:
+            instructions[p] += 1
+            xstage[p], xbusy[p] = 3, 0
+            G[_XL, nx] = p
+            nx += 1
         else:
             G[_PO, no], G[_RO, no] = p, r
             no += 1
@@ -234,7 +257,7 @@ def _fabric(t, G, k, nvec, S, K, C, tx_depth, OP):
                           True):
             for i in range(nb):
                 G[_SUB, i] = G[_PF, i]
-            return nvec, 0, F_FVEC, nb, 0
+            return nvec, 0, nx, F_FVEC, nb, 0
         veck.count(G[_PF, :nb], vop_g[:nb], n[:nb], instructions, flops, fmac)
         veck.begin(G[_PF, :nb], G[_RF, :nb], kind, vbase_g, ln, stride, scalar, n, rd, regs, vacc, vactive, vrow,
                    vi, vn, vscalar, vkind, vbase, vlen, vstride)
@@ -242,17 +265,17 @@ def _fabric(t, G, k, nvec, S, K, C, tx_depth, OP):
             G[_VEC, nvec + i] = G[_PF, i]
         nvec += nb
     if no == 0:
-        return nvec, 0, IDLE, 0, 0
+        return nvec, 0, nx, IDLE, 0, 0
     send = OP[8]
     for j in range(no):
         r = G[_RO, j]
         if color[r] >= C:
-            return nvec, 0, F_COLOR, G[_PO, j], color[r]
+            return nvec, 0, nx, F_COLOR, G[_PO, j], color[r]
         send[j] = kinds[r] == K_SEND
     went = veck.send_recv(G[_PO, :no], G[_RO, :no], t, send[:no], _SENDC, op, ra, rd, color, cycles, regs,
                           rdata, rhead, rcount, tdata, tcolor, tctrl, thead, tcount, tx_depth, waiting,
                           instructions, stall, instr_start, pc, time, G[_CONT])
-    return nvec, went, IDLE, 0, 0
+    return nvec, went, nx, IDLE, 0, 0
 
 
 @njit(inline="always")
@@ -298,12 +321,12 @@ def _elements(t, G, nvec, nmore, S, K, tx_depth, NX):
 
 
 @njit(inline="always")
-def _step(t, G, S, K, P, OP, touch, NX):
+def _step(t, G, S, K, P, OP, touch, NX, XF):
     """The PEs' work of cycle ``t`` (the array stepper's ``_step_pes``). Returns ``(wavelets taken,
     outputs in NX, code, a, b, c)``, ``code`` not ``IDLE`` at a fault (see :func:`_run_ahead`, :func:`_fabric`)."""
     C, limit, tx_depth = P[0], P[1], P[2]
-    running, time, waiting, vactive = S[21], S[24], S[25], S[29]
-    ni = nr = nvec = 0
+    running, time, waiting, vactive, xstage = S[21], S[24], S[25], S[29], S[45]
+    ni = nr = nvec = nx = 0
     for p in range(time.size):
         if time[p] == t and not waiting[p]:
             if not running[p]:
@@ -312,10 +335,13 @@ def _step(t, G, S, K, P, OP, touch, NX):
             elif vactive[p]:
                 G[_VEC, nvec] = p
                 nvec += 1
+            elif xstage[p] > 0:
+                G[_XL, nx] = p
+                nx += 1
             else:
                 G[_REST, nr] = p
                 nr += 1
-    if ni + nr + nvec == 0:
+    if ni + nr + nvec + nx == 0:
         return 0, 0, IDLE, 0, 0, 0
     na, moved = _select(t, G, ni, S, C) if ni else (0, 0)
     for j in range(nr):
@@ -326,10 +352,14 @@ def _step(t, G, S, K, P, OP, touch, NX):
         if code != IDLE:
             return moved, 0, code, a, b, c
     if nnow:
-        nvec, ncont, code, a, b = _fabric(t, G, nnow, nvec, S, K, C, tx_depth, OP)
+        nvec, ncont, nx, code, a, b = _fabric(t, G, nnow, nvec, nx, S, K, C, tx_depth, OP)
         if code != IDLE:
             return moved, 0, code, a, b, 0
     moved += ncont
+    if nx:
+        moved += _indexed(t, G, nx, S, K, C, XF)
+        if XF[1] != 0:
+            return moved, 0, F_INDEXED, XF[0], XF[1], XF[2]
     for j in range(ncont):
         G[_MORE, j] = G[_CONT, j]
     nmore, nout = ncont, 0
@@ -357,7 +387,7 @@ def run_cycles(S, K, R, P, W, ctl, edge_out):
     ``W``: the scratch arrays; ``ctl``: ``[cycle, pending outputs, hops, edge outputs]``, the last two
     counted from this call; ``edge_out`` gets rows ``(port, router, color, data, ctrl)``."""
     C, limit, tx_depth, rx_depth, depth, edge_max = P
-    G, OP, touch, NX, PD, woken, gr, gc, moves, chosen = W
+    G, OP, touch, NX, PD, woken, gr, gc, moves, chosen, XF = W
     (data, ctrl, head, count, route_in, route_mask, nbr, edge_r, edge_p, edge_stream, stream_color, stream_pos,
      stream_left, stream_words, stream_flags) = R
     rdata, rctrl, rhead, rcount, tdata, tcolor, tctrl, thead, tcount = S[:9]
@@ -376,7 +406,7 @@ def run_cycles(S, K, R, P, W, ctl, edge_out):
         grants, nmoves, injections = kernels.decide(t % C, count, route_in, route_mask, nbr, depth, rcount,
                                                     rx_depth, tcount, thead, tcolor, edge_r, edge_p, edge_stream,
                                                     stream_left, gr, gc, moves, chosen)
-        moved, nnext, code, a, b, c = _step(t, G, S, K, P, OP, touch, NX)
+        moved, nnext, code, a, b, c = _step(t, G, S, K, P, OP, touch, NX, XF)
         if code != IDLE:
             break
         progress = grants > 0 or nmoves > 0 or injections > 0 or moved > 0 or npend > 0
@@ -438,14 +468,14 @@ def _keyed_on_sources(dispatcher, modules) -> None:
     cache_file._source_stamp = tuple(stamps)
 
 
-_keyed_on_sources(run_cycles, (kernels, veck, scalar, fpk))
+_keyed_on_sources(run_cycles, (kernels, veck, scalar, fpk, vindexed))
 
 
 def scratch(fab) -> tuple:
     """The scratch arrays ``W`` of :func:`run_cycles` for ``fab`` (lists of PEs, operands, buffers)."""
     n, C = fab.s.n, fab.colors
     i64 = np.int64
-    G = np.zeros((16, n), dtype=i64)
+    G = np.zeros((17, n), dtype=i64)
     OP = (np.zeros((n, 3), dtype=i64), np.zeros((n, 3), dtype=i64), np.zeros((n, 3), dtype=i64),
           np.zeros((n, 3), dtype=i64), np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=i64),
           np.zeros(n, dtype=i64), np.zeros(n, dtype=i64), np.zeros(n, dtype=np.bool_))
@@ -453,4 +483,4 @@ def scratch(fab) -> tuple:
     PD = (np.zeros(n, dtype=i64), np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=i64))
     r = fab.routers
     return (G, OP, np.zeros(n, dtype=np.bool_), NX, PD, np.zeros(n * C + n, dtype=i64), r._gr, r._gc, r._moves,
-            r._chosen)
+            r._chosen, np.zeros(3, dtype=i64))

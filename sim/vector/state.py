@@ -81,6 +81,9 @@ class PeState:
         self.vbase = np.zeros((n, 3), dtype=i64)
         self.vlen = np.zeros((n, 3), dtype=i64)
         self.vstride = np.zeros((n, 3), dtype=i64)
+        # fmacx, fdotx in progress (wse.sim.vector.vindexed): stage, cycles without waiting.
+        self.xstage = np.zeros(n, dtype=i64)
+        self.xbusy = np.zeros(n, dtype=i64)
 
     # ------------------------------------------------------------------ queues
     def rx_push(self, pe, color, data, ctrl) -> None:

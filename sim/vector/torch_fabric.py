@@ -25,7 +25,10 @@ other steppers. When the run stops the state is copied back to the numpy arrays,
 the host API (memory copies, counters, edge streams) works on them as for
 ``VectorFabric``. A fault is found before it changes the faulting PE's state: the
 state is copied back and the numpy form of the failing step raises the golden
-model's message. See ``docs/vector.md`` ("On torch").
+model's message. See ``docs/vector.md`` ("On torch"). The indexed instructions
+``fmacx``/``fdotx`` run the numba kernel of the other steppers
+(:func:`~wse.sim.vector.vindexed.indexed_cycle`) on the PEs that run one: on the CPU on
+the tensors' own memory, on a CUDA device on host copies of the arrays it changes.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from wse.firmware.isa import BY_NAME
 from wse.sim.golden.errors import FabricHang
 
 from . import torch_decode as td
+from . import vindexed
 from . import torch_vector as tv
-from .code import K_EXIT, K_SEND, K_VECTOR
+from .code import K_EXIT, K_INDEXED, K_SEND, K_VECTOR
 from .fabric import VectorFabric
 from .scalar import SOP_OF, scalar_fault
 from .state import COUNTERS
@@ -58,7 +62,8 @@ _FMACW = BY_NAME["fmacw"].opcode
 #: PE state copied to tensors for a run (the queues travel with the routers).
 _PE_FIELDS = ("mem", "regs", "dsd_kind", "dsd_base", "dsd_len", "dsd_stride", "entry", "bound", "blocked",
               "activated", "base", "ncode", "running", "task", "pc", "time", "waiting", "task_start", "instr_start",
-              "inflight_due", "vactive", "vrow", "vi", "vn", "vacc", "vscalar", "vkind", "vbase", "vlen", "vstride")
+              "inflight_due", "vactive", "vrow", "vi", "vn", "vacc", "vscalar", "vkind", "vbase", "vlen", "vstride",
+              "xstage", "xbusy")
 _QUEUES = ("rdata", "rctrl", "rhead", "rcount", "tdata", "tcolor", "tctrl", "thead", "tcount")
 _CODE = ("kind", "op", "rd", "ra", "rb", "imm", "rs", "target", "task", "dd", "da", "db", "cycles", "vop",
          "vec_fmt", "has_db", "has_rs", "color")
@@ -221,9 +226,13 @@ class TorchFabric(VectorFabric):
         self.moved += moved
         busy = due[running]
         active = T.vactive[busy]
-        vec, rest = busy[active], busy[~active]
+        indexed = busy[T.xstage[busy] > 0]
+        vec, rest = busy[active], busy[~active & (T.xstage[busy] == 0)]
         now = self._run_ahead(torch.cat([started, rest]), t)
         cont, begun = self._fabric(now, t)
+        indexed = torch.cat([indexed, now[T.xstage[now] == 3]])
+        if indexed.numel():
+            self._indexed(indexed, t)
         if begun.numel():
             vec = torch.cat([vec, begun])
         ended = self._vector_elements(vec, t) if vec.numel() else self._empty
@@ -313,7 +322,12 @@ class TorchFabric(VectorFabric):
         begun = pes[vec]
         if begun.numel():
             self._begin_vector(begun, rows[vec])
-        keep = ~vec
+        x = kind == K_INDEXED
+        if bool(x.any()):           # fmacx, fdotx: their first cycle follows (_step_pes)
+            c = T.counters["instructions"]
+            c[pes[x]] = c[pes[x]] + 1
+            T.xstage[pes[x]], T.xbusy[pes[x]] = 3, 0
+        keep = ~vec & ~x
         pes, rows, kind = pes[keep], rows[keep], kind[keep]
         if pes.numel() == 0:
             return empty, begun
@@ -329,6 +343,30 @@ class TorchFabric(VectorFabric):
                          T.waiting, T.counters["instructions"], T.counters["stall"], T.instr_start, T.pc, T.time)
         self.moved += int(went.numel())
         return went, begun
+
+    def _indexed(self, pes: torch.Tensor, t: int) -> None:
+        """Cycle ``t`` of the ``fmacx``/``fdotx`` of ``pes`` (:func:`.vindexed.indexed_cycle` on the arrays)."""
+        T, K, c = self.T, self.K, self.T.counters
+        names = ("rdata", "rctrl", "rhead", "rcount", "mem", "regs", "dsd_base", "xstage", "xbusy", "vi", "vn",
+                 "instr_start", "time", "waiting", "pc")
+        tensors = [getattr(T, n) for n in names] + [c["stall"], c["fmac"], c["flops"]]
+        arrays = [x.numpy() if x.device.type == "cpu" else x.cpu().numpy() for x in tensors]
+        for i in (0, 4, 5):                                  # bit patterns: int32 tensors, uint32 arrays
+            arrays[i] = arrays[i].view(np.uint32)
+        rdata, rctrl, rhead, rcount, mem, regs, dsd_base, xstage, xbusy, vi, vn, start, time, waiting, pc, \
+            stall, fmac, flops = arrays
+        code = [x.cpu().numpy() for x in (K.op, K.rd, K.dd, K.da, K.db, K.color)]
+        fixed = [x.cpu().numpy() for x in (T.base, T.dsd_kind, T.dsd_len, T.dsd_stride)]
+        fault = np.zeros(3, dtype=np.int64)
+        self.moved += vindexed.indexed_cycle(
+            pes.cpu().numpy(), t, self.colors, *code, fixed[0], pc, rdata, rctrl, rhead, rcount, mem, regs, fixed[1],
+            dsd_base, fixed[2], fixed[3], xstage, xbusy, vi, vn, start, time, waiting, stall, fmac, flops, fault)
+        for x, a in zip(tensors, arrays):
+            if x.device.type != "cpu":
+                x.copy_(torch.from_numpy(a.view(np.int32) if a.dtype == np.uint32 else a))
+        if fault[1]:
+            self._to_host()
+            raise self.indexed_fault(int(fault[0]), int(fault[1]), int(fault[2]))
 
     def _begin_vector(self, pes: torch.Tensor, rows: torch.Tensor) -> None:
         """Start fabric vector instructions (``vector.begin_fabric_vector``)."""
