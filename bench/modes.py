@@ -77,7 +77,7 @@ at most 64): its cycles (forward, backward, ``reduce``, update), the
 reduction's share, training samples per 1M cycles and the same two ratios
 (one copy's step of ``s`` samples on the strip, on the whole mesh).
 
-Usage: python bench/modes.py [--skip-cycles] [--replicas-only] [--steps 10] [--rounds 3]
+Usage: python bench/modes.py [--skip-cycles] [--replicas-only] [--bounds-only] [--steps 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -329,6 +329,21 @@ def measure_training(name: str, graph, macs: int, config: FabricConfig, exe, ws_
                       round(step / ws, 3)}))
 
 
+def measure_bounds(name: str, dims, config: FabricConfig) -> None:
+    """Print the FMAC utilization no staircase placement can exceed on ``config`` even with no
+    per-sample overhead (``utilization_bounds``), beside the placement :func:`place` chooses."""
+    from wse.host.compiler.pipelined_place import place, utilization_bounds
+    shapes = list(zip(dims[:-1], dims[1:]))
+    bound = utilization_bounds(shapes, config)
+    chosen = place(shapes, config)
+    print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined",
+                      "staircase_bound_zero_overhead": {key: round(value, 3) if isinstance(value, float) else value
+                                                        for key, value in bound.items()},
+                      "chosen_regions": [[r.x0, r.y0, r.cols, r.rows] for r in chosen],
+                      "note": "best over every staircase of forward, backward, training (both phases) and "
+                              "min(forward, backward), with that placement's free sizes"}))
+
+
 def graph_first_layer_macs(graph) -> int:
     """Multiply-adds of the first Linear layer (its input gradient is not computed)."""
     from wse.host.compiler.weight_streaming import _lower
@@ -376,11 +391,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cycles", action="store_true", help="only the host step times")
     parser.add_argument("--replicas-only", action="store_true", help="only the data-parallel replica lines")
+    parser.add_argument("--bounds-only", action="store_true", help="only the staircases' utilization bounds")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     np.random.seed(0)
+    if args.bounds_only:
+        config = FabricConfig(width=16, height=16)
+        measure_bounds("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
+        measure_bounds("digits 64-32-10", (64, 32, 10), config)
+        return
     if args.replicas_only:
         config = FabricConfig(width=16, height=16)
         measure_replicas("digits 64-32-10", (64, 32, 10), config)
@@ -390,6 +411,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.skip_cycles:
         config = FabricConfig(width=16, height=16)
+        measure_bounds("fc_mnist 784-256-256-10", (784, 256, 256, 10), config)
+        measure_bounds("digits 64-32-10", (64, 32, 10), config)
         measure("fc_mnist 784-256-256-10", (784, 256, 256, 10), config, 64)
         measure("digits 64-32-10", (64, 32, 10), config, 64)
         measure_replicas("digits 64-32-10", (64, 32, 10), config)

@@ -11,7 +11,7 @@ from torch import nn
 from wse.config import FabricConfig
 from wse.host.compiler.frontend import trace
 from wse.host.compiler.pipelined import plan
-from wse.host.compiler.pipelined_place import place
+from wse.host.compiler.pipelined_place import place, utilization_bounds
 from wse.host.compiler.weight_streaming import FitError
 from wse.host.runtime.pipelined import PipelinedDevice, functional_forward
 
@@ -34,6 +34,22 @@ def test_placement_fc_mnist_regions_by_compute():
     assert max(r.tile for r in regions) <= 1200
     used = {(x, y) for r in regions for _, _, x, y in r.cells()}
     assert len(used) == sum(r.pes for r in regions)                 # no PE in two regions
+
+
+def test_utilization_bounds_fc_mnist():
+    # no staircase on 16x16 gets both passes to 0.8 even with no overhead (docs/layer_pipelined.md section 6)
+    shapes = [(784, 256), (256, 256), (256, 10)]
+    config = FabricConfig(width=16, height=16)
+    bound = utilization_bounds(shapes, config)
+    assert bound["both"] < 0.8 and bound["training"] < 0.8
+    assert bound["sizes"] == [15, 10, 6, 1]
+    # the chosen placement is one of the staircases, so its own zero-overhead figures are within the bounds
+    tiles = [r.tile for r in place(shapes, config)]
+    assert 268_800 / (256 * max(tiles)) <= bound["forward"]
+    assert 336_896 / (256 * max(tiles[0], 2 * tiles[1], 2 * tiles[2])) <= bound["backward"]
+    # one layer on one PE: every multiply-add on the only PE, both passes
+    one = utilization_bounds([(5, 4)], FabricConfig(width=1, height=1))
+    assert one["forward"] == one["backward"] == one["training"] == one["both"] == 1.0
 
 
 def test_placement_refuses_too_many_layers():

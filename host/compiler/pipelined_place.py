@@ -28,7 +28,7 @@ from wse.firmware.kernels.common import block_partition
 
 from .weight_streaming import FitError
 
-__all__ = ["Region", "place", "place_replicas", "replica_width"]
+__all__ = ["Region", "place", "place_replicas", "replica_width", "utilization_bounds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,47 +111,83 @@ def place(shapes: list[tuple[int, int]], config: FabricConfig) -> list[Region]:
         If the layers cannot all be placed (more layers than the staircase
         has room for on the mesh).
     """
-    W, H = config.width, config.height
-    L = len(shapes)
     best: list = [None, None]   # (key, sizes)
 
-    def search(l: int, sizes: list[int], width: int, height: int, worst: int, used: int) -> None:
-        # width/height: the extent of the staircase so far; sizes: the free size of every layer placed
-        if best[0] is not None and worst > best[0][0]:
+    def keep(tiles: list[int]) -> bool:
+        return best[0] is None or max(tiles, default=0) <= best[0][0]
+
+    for sizes, tiles, used in _staircases(shapes, config, keep):
+        key = (max(tiles), used)
+        if best[0] is None or key < best[0]:
+            best[0], best[1] = key, sizes
+    if best[1] is None:
+        L = len(shapes)
+        raise FitError(f"a model of {L} Linear layers does not fit a {config.mesh} mesh in the layer-pipelined "
+                       f"mode: its regions form a staircase that needs at least {(L + 2) // 2} columns and "
+                       f"{(L + 1) // 2} rows, one PE per layer and side")
+    return _regions(shapes, best[1])
+
+
+def _staircases(shapes: list[tuple[int, int]], config: FabricConfig, keep=None):
+    """Every staircase of ``shapes`` on ``config``'s mesh, depth first: ``(sizes, tiles, used)``
+    with the free sizes (layer 0's rows and columns, then one side of every later
+    layer), each layer's largest tile and the PEs used. ``keep(tiles)`` (the
+    tiles of the layers placed so far) returning False prunes a branch."""
+    W, H = config.width, config.height
+    L = len(shapes)
+
+    def walk(l: int, sizes: list[int], tiles: list[int], width: int, height: int, used: int):
+        if keep is not None and not keep(tiles):
             return
         if l == L:
-            key = (worst, used)
-            if best[0] is None or key < best[0]:
-                best[0], best[1] = key, list(sizes)
+            yield list(sizes), list(tiles), used
             return
         k, o = shapes[l]
         if l == 0:
             for rows in range(1, min(H, o) + 1):
                 for cols in range(1, min(W, k) + 1):
-                    sizes.extend((rows, cols))
-                    search(1, sizes, cols, rows, _tile(k, o, cols, rows), rows * cols)
-                    del sizes[-2:]
+                    yield from walk(1, [rows, cols], [_tile(k, o, cols, rows)], cols, rows, rows * cols)
             return
         shared = sizes[0] if l == 1 else sizes[l]   # the side layer l shares with layer l - 1
         if l % 2:   # inputs on layer l-1's rows; a new run of columns to the east
             for cols in range(1, min(W - width, o) + 1):
-                sizes.append(cols)
-                search(l + 1, sizes, width + cols, height, max(worst, _tile(k, o, shared, cols)),
-                       used + shared * cols)
-                sizes.pop()
+                yield from walk(l + 1, sizes + [cols], tiles + [_tile(k, o, shared, cols)], width + cols, height,
+                                used + shared * cols)
         else:       # inputs on layer l-1's columns; a new run of rows to the south
             for rows in range(1, min(H - height, o) + 1):
-                sizes.append(rows)
-                search(l + 1, sizes, width, height + rows, max(worst, _tile(k, o, shared, rows)),
-                       used + shared * rows)
-                sizes.pop()
+                yield from walk(l + 1, sizes + [rows], tiles + [_tile(k, o, shared, rows)], width,
+                                height + rows, used + shared * rows)
 
-    search(0, [], 0, 0, 0, 0)
-    if best[1] is None:
-        raise FitError(f"a model of {L} Linear layers does not fit a {config.mesh} mesh in the layer-pipelined "
-                       f"mode: its regions form a staircase that needs at least {(L + 2) // 2} columns and "
-                       f"{(L + 1) // 2} rows, one PE per layer and side")
-    return _regions(shapes, best[1])
+    yield from walk(0, [], [], 0, 0, 0)
+
+
+def utilization_bounds(shapes: list[tuple[int, int]], config: FabricConfig) -> dict:
+    """The FMAC utilization no staircase of ``shapes`` on ``config``'s mesh can exceed, even
+    with no per-sample overhead at all (``docs/layer_pipelined.md`` section 6).
+
+    A region's PE spends at least its tile's multiply-adds per sample forward and,
+    training, its tile (layer 0: the weight gradient only) or twice it (every
+    later layer: weight and input gradients) backward; the slowest region sets
+    each pass's rate. Every staircase is enumerated (no pruning: meant for the
+    shallow models of the benchmarks). Returns, over all staircases, the best
+    ``forward``, ``backward`` and ``training`` (forward then backward phases:
+    both passes' multiply-adds over the sum of their rates) bounds, and
+    ``both``: the best of ``min(forward, backward)`` with its ``sizes``.
+    """
+    fwd = sum(k * o for k, o in shapes)
+    bwd = 2 * fwd - shapes[0][0] * shapes[0][1]
+    pes = config.width * config.height
+    out = {"forward": 0.0, "backward": 0.0, "training": 0.0, "both": 0.0, "sizes": None}
+    for sizes, tiles, _ in _staircases(shapes, config):
+        f = max(tiles)
+        b = max([tiles[0]] + [2 * t for t in tiles[1:]])
+        uf, ub = fwd / (pes * f), bwd / (pes * b)
+        out["forward"] = max(out["forward"], uf)
+        out["backward"] = max(out["backward"], ub)
+        out["training"] = max(out["training"], (fwd + bwd) / (pes * (f + b)))
+        if min(uf, ub) > out["both"]:
+            out["both"], out["sizes"] = min(uf, ub), sizes
+    return out
 
 
 def _regions(shapes: list[tuple[int, int]], sizes: list[int]) -> list[Region]:
