@@ -26,14 +26,21 @@ corpus, batch 16 x 32 characters): the appliance's step (the functional model
 of the transformer's float order on the run's layout, joined gradients, MemoryX's
 Adam step) against PyTorch's (forward, cross-entropy, backward, ``torch.optim.Adam``)
 from the same initial weights on the same batches, and prints both step times
-and their ratio (target: at most 10). The GPT has no fabric cycles yet: its
-attention, LayerNorm and GELU phases are not compiled for the fabric.
+and their ratio (target: at most 10). Then the GPT's step on the fabric: the
+compiled phases (``wse.host.compiler.gpt_phases.compile_gpt``, docs/transformer.md
+section 11) of the same model and batch on the mesh, with the static cycle
+model's count of every phase (the kernels' mirrors and the streamed GEMM's
+replay, each equal to the golden model's by tests/test_gpt_fabric.py; the
+``moves`` kind is a modeled edge-stream cost): one JSON line per phase kind
+(cycles per step, device runs, multiply-accumulate elements and FMAC
+utilization = those elements per PE and cycle) and a line with the whole
+step's cycles. ``--no-fabric`` leaves the fabric part out.
 
 Usage: python bench/train_speed.py [--mesh 16x16] [--batch 64] [--steps 20] [--rounds 3] [--warmup 3]
        [--backend functional]
        python bench/train_speed.py --backends functional functional-torch-cpu [functional-torch-cuda]
        [--models fc_mnist wide] [--steps 3] [--torch-threads 1]
-       python bench/train_speed.py --gpt [--steps 5] [--rounds 3] [--warmup 2]
+       python bench/train_speed.py --gpt [--steps 5] [--rounds 3] [--warmup 2] [--no-fabric]
 """
 
 from __future__ import annotations
@@ -173,9 +180,33 @@ def compare_gpt(args) -> int:
         print(json.dumps({**common, "side": side, "cpu_step_s": round(median[side], 6), "what": what}))
     print(json.dumps({**common, "summary": True, "ratio": round(ratio, 2), "target_ratio": TARGET_RATIO,
                       "ratio_ok": ratio <= TARGET_RATIO, "max_rel_loss_diff": float(np.float64(worst)),
-                      "what": "CPU seconds per step (process time, robust to other load); the GPT has no "
-                              "fabric cycles yet"}))
+                      "what": "CPU seconds per step (process time, robust to other load)"}))
+    if not args.no_fabric:
+        gpt_fabric_cycles(run, common)
     return 0
+
+
+def gpt_fabric_cycles(run, common: dict) -> None:
+    """Print the GPT step's fabric cycles and FMAC utilization per phase kind (static cycle model)."""
+    from wse.config import FabricConfig, parse_mesh
+    from wse.host.compiler.gpt_phases import compile_gpt
+
+    width, height = parse_mesh(run.settings.mesh)
+    config = FabricConfig.current().replace(width=width, height=height)
+    start = time.process_time()
+    schedule = compile_gpt(run.graph, config, run.settings.batch)
+    seconds = time.process_time() - start
+    total = schedule.cycles()
+    for kind, figures in schedule.by_kind().items():
+        print(json.dumps({**common, "fabric_kind": kind, "cycles_per_step": figures["cycles"],
+                          "share": round(figures["cycles"] / total, 4), "device_runs": figures["runs"],
+                          "fmacs": figures["fmacs"], "fmac_utilization": round(figures["fmac_utilization"], 4),
+                          "what": "static cycle model of the compiled GPT step's phases of this kind"}))
+    fmacs = sum(p.fmacs * p.runs for p in schedule.phases)
+    print(json.dumps({**common, "fabric_summary": True, "cycles_per_step": total,
+                      "fmac_utilization": round(fmacs / (config.num_pes * total), 4),
+                      "phases": len(schedule.phases), "compile_cpu_s": round(seconds, 2),
+                      "what": "fabric cycles of one GPT training step (phases one after another)"}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="models of --backends (default: all)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch threads with --backends (default 1)")
     parser.add_argument("--gpt", action="store_true", help="time examples/char_gpt.py's step against PyTorch's")
+    parser.add_argument("--no-fabric", action="store_true", help="with --gpt: leave out the fabric cycles")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         print("train_speed: --steps and --rounds must be positive and --warmup non-negative", file=sys.stderr)

@@ -12,8 +12,9 @@ section 10): the front end captures the model into typed nodes
 and the Adam state, and the functional model of the transformer's float order
 (``wse.host.runtime.transformer_reference.TransformerReference``) runs each
 step; ``wse generate RUN --prompt "..."`` samples text from the run's
-checkpoint. The mapping onto the fabric is not built yet, so the cycle-level
-backends are refused with one clear error. ``ATTENTION = "sdpa"`` uses
+checkpoint. On a device backend (``--backend golden`` ...) each step runs as
+the compiled fabric phases instead (``docs/transformer.md`` section 11; slow
+at this size, made for tiny configs). ``ATTENTION = "sdpa"`` uses
 ``F.scaled_dot_product_attention(is_causal=True)`` instead of the written-out
 scores, causal mask and softmax (the same bits in the functional model).
 """

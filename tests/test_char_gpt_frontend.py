@@ -73,7 +73,7 @@ def test_residual_inputs_are_the_skip_and_the_branch(example):
 
 def test_compile_model_says_the_mapping_is_not_built(example):
     model = example.CharGPT(65)
-    with pytest.raises(UsageError, match="transformer .*mapping onto the fabric is not built yet") as info:
+    with pytest.raises(UsageError, match="transformer .*compiles into fabric phases with wse.host.compiler.gpt_phases.compile_gpt") as info:
         compile_model(model, ids(), config=FabricConfig(width=4, height=4), batch=2)
     assert not isinstance(info.value, UnsupportedModelError)
     assert "\n" not in str(info.value)

@@ -90,8 +90,10 @@ def test_text_dataset_for_a_job_that_is_not_text(tmp_path: Path, capsys):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--backend", "golden"], "not yet compiled for the fabric"),
+    (["--backend", "golden"], "use a --batch that is a multiple of 4, or --backend functional"),
     (["--backend", "verilator"], "--backend functional"),
+    (["--backend", "functional-torch"], "or on a device that runs its fabric phases"),
+    (["--backend", "golden", "--batch", "4", "--systems", "2"], "fabric step runs on one system"),
     (["--systems", "5"], "exceeds the 4 columns"),
     (["--sparsity", "0.5"], "--sparsity does not apply"),
     (["--dataset", "mnist"], "is a language model on the text data set pydoc"),
@@ -142,3 +144,14 @@ def test_gpt_unsupported_model_is_refused(tmp_path: Path, capsys, p, weights, ex
     err = capsys.readouterr().err
     assert err.startswith("wse train: model Bad has") and expected in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_gpt_one_step_on_the_golden_fabric_equals_the_functional_run(job: Path, tmp_path: Path):
+    """``--backend golden`` runs the step as fabric phases (docs/transformer.md section 11): one step
+    leaves MemoryX's weights bit for bit where the functional backend leaves them."""
+    _run(job, tmp_path / "functional", max_steps=1, batch=4)
+    summary = _run(job, tmp_path / "golden", max_steps=1, batch=4, backend="golden")
+    assert summary.steps == 1
+    assert _same(_weights(tmp_path / "golden"), _weights(tmp_path / "functional"))
+    plan = (tmp_path / "golden" / "fabric.txt").read_text()
+    assert "fabric phases" in plan and "cycles per step by the static cycle model" in plan

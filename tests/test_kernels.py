@@ -63,7 +63,7 @@ def test_random_shapes_are_bit_exact(name, width, height, a, b, variant, seed):
              "spgemm": dict(rows=a, cols=b, n=1 + b % 8, sparsity=0.5), "spmv": dict(rows=a, cols=b, sparsity=0.5),
              "gelu": dict(rows=a, cols=b), "softmax": dict(n=a), "layernorm": dict(rows=a, cols=b),
              "attention": dict(n=a, cols=1 + b % 16, variant=("scores", "values", "backward-dv")[b % 3]),
-             "layernorm_bwd": dict(rows=a, cols=b)}[name]
+             "layernorm_bwd": dict(rows=a, cols=b), "residual": dict(rows=a, cols=b)}[name]
     assert run_kernel(name, config(width, height), seed=seed, **sizes)["bit_exact"]
 
 

@@ -21,6 +21,7 @@ either bit exact or wrong. A kernel drives any device through the host API
 ``layernorm``      LayerNorm forward of tokens x features (:mod:`.layernorm`)
 ``layernorm_bwd``  LayerNorm backward: dx, dgamma, dbeta (:mod:`.layernorm_bwd`)
 ``attention``      one causal head's products (scores, p v) and their backward (:mod:`.attention`)
+``residual``       y = add(a, b) of tokens x features: residuals, gradient sums (:mod:`.residual`)
 =================  ================================================================
 """
 
@@ -39,11 +40,13 @@ from .softmax import Softmax
 from .layernorm import LayerNorm
 from .layernorm_bwd import LayerNormBackward
 from .attention import Attention
+from .residual import Residual
 
 __all__ = ["KERNELS", "Kernel", "get_kernel"]
 
 #: Every library kernel by name.
-KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv(), Gelu(), Softmax(), LayerNorm(), LayerNormBackward(), Attention())}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (Gemv(), Axpy(), Dot(), Broadcast(), Reduce(), Spgemm(), Spmv(), Gelu(), Softmax(), LayerNorm(), LayerNormBackward(), Attention(),
+                                       Residual())}
 
 
 def get_kernel(name: str) -> Kernel:

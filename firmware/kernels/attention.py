@@ -100,6 +100,8 @@ class AttentionPlan:
         The queries of each mesh row and the keys of each column (the softmax's).
     program, heap:
         The kernel's program and the first free word.
+    scale_value:
+        The scores' scale (a model's own, such as ``1/sqrt(8)`` as it wrote it); ``None``: ``1/sqrt(Dh)``.
     """
     config: FabricConfig
     context: int
@@ -109,6 +111,7 @@ class AttentionPlan:
     key_blocks: list[range]
     program: Program
     heap: int
+    scale_value: float | None = None
 
     @property
     def spec(self) -> Variant:
@@ -117,8 +120,8 @@ class AttentionPlan:
 
     @property
     def scale(self) -> float:
-        """``1/sqrt(Dh)``, the scores' scale."""
-        return 1.0 / math.sqrt(self.width)
+        """The scores' scale: ``scale_value`` if given, else ``1/sqrt(Dh)``."""
+        return 1.0 / math.sqrt(self.width) if self.scale_value is None else self.scale_value
 
     @property
     def rows_used(self) -> int:

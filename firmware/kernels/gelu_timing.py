@@ -17,7 +17,7 @@ from wse.firmware.timing_ops import BUSY, END
 
 from .gelu import TokenPlan
 
-__all__ = ["pe_cycles", "timing_ops", "exp_cycles", "erf_cycles", "tanh_cycles"]
+__all__ = ["pe_cycles", "timing_ops", "elementwise_ops", "exp_cycles", "erf_cycles", "tanh_cycles"]
 
 
 def _v(n: int, count: int = 1) -> int:
@@ -90,15 +90,21 @@ def pe_cycles(n: int, variant: str) -> int:
     return c + finish_backward
 
 
-def timing_ops(plan: TokenPlan):
-    """``(routes, ops, starts, ends, inject)`` for :func:`wse.host.compiler.replay.replay`:
-    every PE is one ``BUSY`` row of :func:`pe_cycles` and ``END`` (PEs with equal
-    counts share their rows)."""
+def elementwise_ops(counts: np.ndarray, cycles_of):
+    """``(routes, ops, starts, ends, inject)`` of a kernel that touches no fabric: every PE is one
+    ``BUSY`` row of ``cycles_of(n)`` for its ``counts`` elements and ``END`` (PEs with equal counts
+    share their rows)."""
     rows, starts, ends, shared = [], [], [], {}
-    for n in plan.counts.reshape(-1).tolist():
+    for n in counts.reshape(-1).tolist():
         if n not in shared:
             shared[n] = len(rows)
-            rows += [(BUSY, pe_cycles(n, plan.variant), 0, 0, 0, 0), (END, 0, 0, 0, 0, 0)]
+            rows += [(BUSY, cycles_of(n), 0, 0, 0, 0), (END, 0, 0, 0, 0, 0)]
         starts.append(shared[n])
         ends.append(shared[n] + 2)
     return [], np.array(rows, dtype=np.int64), np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), {}
+
+
+def timing_ops(plan: TokenPlan):
+    """``(routes, ops, starts, ends, inject)`` for :func:`wse.host.compiler.replay.replay`:
+    :func:`elementwise_ops` of :func:`pe_cycles`."""
+    return elementwise_ops(plan.counts, lambda n: pe_cycles(n, plan.variant))

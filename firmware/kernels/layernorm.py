@@ -25,7 +25,8 @@ from .common import (Kernel, chain_color_grids, chain_in_color, chain_out_color,
                      kernel_program, mesh_coordinates, read_per_pe, write_params, write_per_pe)
 from .gelu import TokenPlan, plan_tokens
 
-__all__ = ["LayerNorm", "EPS", "CHAIN_COLORS", "BACK_COLORS", "BUFFERS", "column_routes", "column_rings"]
+__all__ = ["LayerNorm", "EPS", "CHAIN_COLORS", "BACK_COLORS", "BUFFERS", "column_routes", "column_rings", "addresses",
+           "params"]
 
 T_START = 0
 #: ``nn.LayerNorm``'s default epsilon.
@@ -61,7 +62,7 @@ def column_rings(config: FabricConfig) -> list[Ring]:
     return rings
 
 
-def _params(plan: TokenPlan) -> dict[str, np.ndarray]:
+def params(plan: TokenPlan) -> dict[str, np.ndarray]:
     cfg = plan.config
     _, row = mesh_coordinates(cfg)
     c_in, c_out = chain_color_grids(row, CHAIN_COLORS)
@@ -75,8 +76,9 @@ def _params(plan: TokenPlan) -> dict[str, np.ndarray]:
             "p_bin": b_in, "p_bout": b_out}
 
 
-def _addresses(plan: TokenPlan) -> dict[str, np.ndarray]:
-    """``[height, width]`` address of every buffer in every PE."""
+def addresses(plan: TokenPlan) -> dict[str, np.ndarray]:
+    """``[height, width]`` address of every buffer in every PE (after a run ``Y`` holds ``y``,
+    ``XC`` the backward pass's ``xhat`` and ``S`` each token's ``r``)."""
     cfg = plan.config
     shape = plan.counts.shape
     feats = np.broadcast_to(np.array([len(plan.row_features(y)) for y in range(cfg.height)])[:, None], shape)
@@ -100,8 +102,9 @@ class LayerNorm(Kernel):
     def describe(self, sizes: dict) -> str:
         return f"{sizes['rows']} tokens x {sizes['cols']} features"
 
-    def plan(self, config: FabricConfig, sizes: dict) -> TokenPlan:
-        program = kernel_program("layernorm", config, T_START=T_START, LN_EPS=fp.f2b(EPS),
+    def plan(self, config: FabricConfig, sizes: dict, eps: float = EPS) -> TokenPlan:
+        """The layout and program for ``sizes``; ``eps`` is the LayerNorm's epsilon (binary32)."""
+        program = kernel_program("layernorm", config, T_START=T_START, LN_EPS=fp.f2b(eps),
                                  RSQRT_MAGIC=tr.RSQRT_MAGIC)
         tokens, features = sizes["rows"], sizes["cols"]
         plan = plan_tokens(self, config, tokens, features, program, 4, "forward")
@@ -127,8 +130,8 @@ class LayerNorm(Kernel):
         program, cfg = plan.program, plan.config
         device.load(program)
         load_checked(device, cfg, column_routes(cfg), f"kernel {self.name}", rings=column_rings(cfg))
-        write_params(device, program, _params(plan))
-        addr = _addresses(plan)
+        write_params(device, program, params(plan))
+        addr = addresses(plan)
         write_per_pe(device, addr["X"], plan.pe_words(fp.as_bits(inputs["x"])))
         for name, key in (("G", "gamma"), ("B", "beta")):
             values = fp.as_bits(inputs[key])

@@ -12,6 +12,7 @@
 ; chain (colors `p_bin` / `p_bout`), every PE keeping a copy. Then
 ;   xc = sub(x, mean);  var's sum of mul(xc, xc) the same way;  xhat = mul(xc, r)
 ;   y  = add(mul(xhat, gamma), beta)                                     -> Y
+; and leaves xhat in XC (in place of xc) and r in S, as the backward pass takes them.
 ;
 ; Buffers from `p_heap`: X, XC, SQ, Y (f*t words each), P, S, HH, YR, Q (t each),
 ; G, B (f each). Registers: r3 = f, r4 = t, r12 = f*t; the chain returns
@@ -134,9 +135,9 @@ r_done:                                 ; S = r on every PE of the column
         add     r8, r3, r0
         beq     r8, r0, done
 y_loop:                                 ; y = add(mul(mul(xc, r), gamma), beta)
-        fmul    d3, d1, d2
+        fmul    d1, d1, d2              ; xhat = mul(xc, r), kept in XC for the backward pass
         ld      r5, 0(r6)
-        fmuls   d3, d3, r5
+        fmuls   d3, d1, r5
         ld      r5, 0(r7)
         fadds   d3, d3, r5
         addb    d1, r4

@@ -61,6 +61,8 @@ class SoftmaxPlan:
         column (west to east).
     program, heap:
         The kernel's program and the first free word.
+    scale:
+        The scores' scale the backward pass multiplies ``ds`` by (default :data:`SCALE`).
     """
     config: FabricConfig
     context: int
@@ -69,6 +71,7 @@ class SoftmaxPlan:
     key_blocks: list[range]
     program: Program
     heap: int
+    scale: float = SCALE
 
     def grid(self, f) -> np.ndarray:
         """``[height, width]`` of ``f(query block, key block)``."""
@@ -129,7 +132,7 @@ class SoftmaxPlan:
                 "p_q0": self.grid(lambda q, k: q.start), "p_k0": self.grid(lambda q, k: k.start),
                 "p_heap": np.full(shape, self.heap), "p_variant": np.full(shape, int(self.variant == "backward")),
                 "p_first": column == 0, "p_last": column == self.config.width - 1, "p_cin": c_in, "p_cout": c_out,
-                "p_bin": b_in, "p_bout": b_out, "p_scale": np.full(shape, fp.f2b(SCALE))}
+                "p_bin": b_in, "p_bout": b_out, "p_scale": np.full(shape, fp.f2b(self.scale))}
 
 
 def _softmax64(scores: np.ndarray) -> np.ndarray:

@@ -8,8 +8,11 @@ captures it with the transformer front end
 captured graph with the functional model of its float order
 (:class:`~wse.host.runtime.transformer_reference.TransformerReference`,
 ``docs/transformer.md`` sections 3 and 7) while MemoryX keeps the weights
-and the optimizer state, as for the MLP. The cycle-level backends are
-refused: the transformer's phases are not compiled for the fabric yet.
+and the optimizer state, as for the MLP. On a device (``--backend golden``,
+``vector``, ``verilator``, ``icarus``) each training step runs instead as the
+compiled fabric phases (:func:`gpt_fabric`, ``docs/transformer.md`` section 11),
+which give the functional model's bits on the same layout; the evaluations
+stay on the functional model (the same bits, far faster).
 
 The layout fixes the float order of the sums that depend on placement
 (:class:`GptLayout`): feature ``k`` on mesh row ``k mod H`` (the streamed
@@ -38,12 +41,15 @@ from .job import TEXT_DATASETS, Job
 from .options import Settings, TrainConfig, resolve_settings
 from .preparation import RunSteps, resume_point
 
-__all__ = ["GptLayout", "GptPlan", "GptRun", "prepare_gpt", "gpt_model", "PROBE_SEQUENCES", "GPT_BACKENDS"]
+__all__ = ["GptLayout", "GptPlan", "GptRun", "prepare_gpt", "gpt_model", "PROBE_SEQUENCES", "GPT_BACKENDS",
+           "FABRIC_BACKENDS", "gpt_fabric"]
 
 #: Validation sequences (a fixed random choice) scored at every report between epochs.
 PROBE_SEQUENCES = 128
-#: Backends a GPT trains on.
-GPT_BACKENDS = ("functional",)
+#: Devices that run a GPT's training step as fabric phases (``docs/transformer.md`` section 11).
+FABRIC_BACKENDS = ("golden", "vector", "verilator", "icarus")
+#: Backends a GPT trains on: the functional model, or a device running the fabric phases.
+GPT_BACKENDS = ("functional",) + FABRIC_BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,17 +98,25 @@ class GptLayout:
 
 @dataclasses.dataclass(frozen=True)
 class GptPlan:
-    """What ``fabric.txt`` of a GPT run says: the captured graph and the layout."""
+    """What ``fabric.txt`` of a GPT run says: the captured graph, the layout and, on a device,
+    the fabric step's phases (:class:`~wse.host.compiler.gpt_phases.GptSchedule`)."""
 
     graph: Any
     layout: GptLayout
+    schedule: Any = None
 
     def summary(self) -> str:
         """The run's plan as text."""
-        return "\n".join([
-            "mode: weight streaming, functional model of the transformer's float order (docs/transformer.md "
-            "sections 3, 7, 10); the attention, LayerNorm and GELU phases are not compiled for the fabric yet",
-            self.layout.describe(), self.graph.summary()])
+        if self.schedule is None:
+            mode = ("mode: weight streaming, functional model of the transformer's float order "
+                    "(docs/transformer.md sections 3, 7, 10)")
+        else:
+            kinds = ", ".join(f"{kind} {figures['cycles']:,}" for kind, figures in self.schedule.by_kind().items()
+                              if figures["cycles"])
+            mode = (f"mode: weight streaming, the training step as {len(self.schedule.phases)} fabric phases "
+                    f"(docs/transformer.md section 11): {self.schedule.cycles():,} cycles per step by the static "
+                    f"cycle model ({kinds})")
+        return "\n".join([mode, self.layout.describe(), self.graph.summary()])
 
 
 @dataclasses.dataclass
@@ -126,10 +140,12 @@ class GptRun(RunSteps):
     trainer: dict | None
     resumed: Path | None = None
     lock: RunLock | None = None
+    fabric: Any = None
 
     def start_folder(self) -> None:
         """Create and lock the run folder and write ``fabric.txt``; released by :meth:`release_folder`."""
-        self.lock = start_run_folder(self.out, GptPlan(self.graph, self.layout), replace=self.replace_out,
+        schedule = self.fabric.schedule if self.fabric is not None else None
+        self.lock = start_run_folder(self.out, GptPlan(self.graph, self.layout, schedule), replace=self.replace_out,
                                      resumed=self.resumed)
 
 
@@ -137,10 +153,9 @@ def _refuse_options(config: TrainConfig, settings: Settings, job: Job) -> None:
     """One clear error for an option a GPT run does not take."""
     name = job.path.name
     if settings.backend not in GPT_BACKENDS:
-        raise UsageError(f"--backend {settings.backend}: {name} is a transformer (GPT), and its attention, "
-                         "LayerNorm and GELU phases are not yet compiled for the fabric "
-                         "(docs/transformer.md section 8), so it trains on --backend functional only (the functional "
-                         "model of its float order)")
+        raise UsageError(f"--backend {settings.backend}: {name} is a transformer (GPT); it trains on --backend "
+                         f"functional (the functional model of its float order) or on a device that runs its "
+                         f"fabric phases ({', '.join(FABRIC_BACKENDS)}; docs/transformer.md section 11)")
     refused = {"--mode pipelined": settings.mode == "pipelined", "--sparsity": settings.sparsity is not None,
                "--defects": settings.defects is not None, "--mnist-dir": settings.mnist_dir is not None,
                "--memoryx-budget": config.memoryx_budget is not None, "--trace": config.trace is not None}
@@ -161,6 +176,32 @@ def gpt_model(job: Job, corpus: Any, seed: int) -> tuple[Any, Any, Any]:
     model = job.model(corpus.vocab_size, job.context, seed)
     example = torch.from_numpy(x[:2].copy())
     return model, capture(model, example), example
+
+
+def gpt_fabric(settings: Settings, layout: GptLayout, graph: Any, name: str) -> Any:
+    """The run's fabric step (a :class:`~wse.host.runtime.gpt_fabric.GptFabric` on the run's device)
+    for a fabric backend, else None. Raises :class:`UsageError` for ``--systems`` above 1 or a layout
+    the fabric step does not have (it deals the batch's tokens evenly over the columns)."""
+    if settings.backend not in FABRIC_BACKENDS:
+        return None
+    from wse.config import FabricConfig
+    from wse.firmware.kernels.common import block_partition
+    from wse.host.compiler.gpt_phases import compile_gpt
+    from wse.host.runtime.gpt_fabric import GptFabric
+
+    if settings.systems > 1:
+        raise UsageError(f"--systems {settings.systems} with --backend {settings.backend}: {name}'s fabric step "
+                         "runs on one system; use --systems 1, or --backend functional for N systems")
+    width, height = settings.mesh_shape
+    tokens = settings.batch * layout.context
+    blocks = [len(b) for b in block_partition(tokens, min(width, tokens))]     # compile_gpt's token blocks
+    if blocks != layout.blocks():
+        raise UsageError(f"--backend {settings.backend}: {name}'s fabric step deals the batch's {tokens} "
+                         f"tokens evenly over {len(blocks)} columns, but a batch of {settings.batch} "
+                         f"sequences on the {settings.mesh} mesh is {len(layout.columns)} columns of "
+                         f"{'/'.join(str(c) for c in sorted(set(layout.columns), reverse=True))} whole sequence(s); "
+                         f"use a --batch that is a multiple of {width}, or --backend functional")
+    return GptFabric(compile_gpt(graph, FabricConfig(width=width, height=height), settings.batch), settings.backend)
 
 
 def _check_systems(settings: Settings, layout: GptLayout) -> None:
@@ -202,6 +243,7 @@ def prepare_gpt(config: TrainConfig, job: Job) -> GptRun:
     _check_systems(settings, layout)
     model, graph, _ = gpt_model(job, corpus, settings.seed)
     reference = TransformerReference(graph, rows=layout.rows, blocks=layout.blocks())
+    fabric = gpt_fabric(settings, layout, graph, job.path.name)
     params = graph.parameters()
     if saved_memoryx is None:
         state = model.state_dict()
@@ -217,4 +259,4 @@ def prepare_gpt(config: TrainConfig, job: Job) -> GptRun:
         batches = Batches.from_state(x, y, trainer["batches"])
     pick = np.random.default_rng(1).permutation(len(vx))[:PROBE_SEQUENCES]
     return GptRun(config, settings, job, out, replace_out, corpus, (x, y), (vx, vy), (vx[pick], vy[pick]), graph,
-                  layout, reference, memoryx, batches, trainer, folder)
+                  layout, reference, memoryx, batches, trainer, folder, fabric=fabric)

@@ -6,7 +6,8 @@ streams MemoryX's weights to the systems, runs the functional model's
 forward and backward pass on each system's columns
 (:meth:`~wse.host.runtime.transformer_reference.TransformerReference.shard`),
 joins the gradients in the fixed order (:class:`GptSystems`) and hands them
-to MemoryX for the optimizer step. Every ``log_every`` steps the loop prints
+to MemoryX for the optimizer step. On a device backend the step is the
+compiled fabric phases instead (:attr:`GptRun.fabric`, the same bits). Every ``log_every`` steps the loop prints
 the mean training loss since the last line and the validation loss on a
 fixed choice of validation sequences; at each epoch's end, the validation
 loss on the whole validation split; all in nats per character beside the
@@ -67,12 +68,15 @@ class GptSystems:
     """
 
     def __init__(self, run: GptRun):
-        self.reference, self.layout = run.reference, run.layout
+        self.reference, self.layout, self.fabric = run.reference, run.layout, run.fabric
         self.count = run.settings.systems
         self.shards = column_shards(len(self.layout.columns), self.count)
 
     def step(self, x: np.ndarray, y: np.ndarray, weights: dict[str, np.ndarray]) -> tuple[float, dict]:
         """``(loss, gradients)`` of the batch ``x``, ``y`` (``[B, T]`` ids) at ``weights``."""
+        if self.fabric is not None:                  # the fabric phases on the run's device
+            result = self.fabric.step(weights, x, y)
+            return result.loss, result.grads
         if self.count == 1:
             shard = self.reference.shard(weights, x, y, count=x.size, blocks=self.layout.blocks())
             return float(np.mean(shard.losses)), self.reference.combine([shard])
@@ -104,6 +108,11 @@ class GptSystems:
         losses = [np.empty(n, np.float64) for n in tokens] if root else None
         group.gather(np.ascontiguousarray(shard.losses, dtype=np.float64), losses, 0)
         return (float(np.mean(np.concatenate(losses))), grads) if root else None
+
+
+#: How each backend runs a GPT step, for the run's summary.
+_BACKEND_NOTE = {"functional": "the functional model of the transformer's float order"}
+_FABRIC_NOTE = "the training step's fabric phases on the device; evaluations on the functional model, the same bits"
 
 
 def _rows(dx: np.ndarray, index: np.ndarray, rows: int) -> np.ndarray:
@@ -151,7 +160,7 @@ class GptSummary:
             f"trained {self.data['model']} ({self.data['parameter_count']:,} parameters) on {s['dataset']} "
             f"for {self.steps} steps ({self.data['epochs_completed']:.2f} epochs, batch {s['batch']} x "
             f"{self.data['context']} characters, {self.data['optimizer']}), {state}",
-            f"  backend     : {s['backend']} (the functional model of the transformer's float order), "
+            f"  backend     : {s['backend']} ({_BACKEND_NOTE.get(s['backend'], _FABRIC_NOTE)}), "
             f"{self.data['systems']} system(s), {s['mesh']} mesh layout",
             f"  loss        : validation {self.validation_loss:.4f} nats/char, unigram entropy "
             f"{self.unigram_entropy:.4f} ({self.validation_loss - self.unigram_entropy:+.4f}); last training "

@@ -276,14 +276,16 @@ def trace(model: nn.Module, example_input: torch.Tensor,
         not float32) or a model without any Linear layer; and for a
         transformer (a model with an embedding or attention module):
         :func:`~.transformer_capture.capture` captures it (or lists what it
-        cannot), but its mapping onto the fabric is not built yet.
+        cannot), and it compiles into fabric phases with
+        :func:`~.gpt_phases.compile_gpt`, not into an executable.
     """
     from .transformer_capture import capture, is_transformer  # it builds on this module
     if is_transformer(model, example_input):
         graph = capture(model, example_input, loss)
         raise UsageError(f"model {graph.name} is a transformer ({len(graph.nodes)} operations, "
-                         f"{graph.parameter_count:,} parameters, captured by the front end); its mapping onto "
-                         f"the fabric is not built yet (docs/transformer.md section 8)")
+                         f"{graph.parameter_count:,} parameters, captured by the front end); it compiles into "
+                         f"fabric phases with wse.host.compiler.gpt_phases.compile_gpt, not into an executable "
+                         f"(docs/transformer.md section 11)")
     _check_arguments(model, example_input)
     model_name = type(model).__name__
     loss_spec, loss_problem = _resolve_loss(loss)

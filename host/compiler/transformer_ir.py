@@ -8,8 +8,8 @@ batch dimension is leading and symbolic): ``(T,)`` for token ids, ``(T, D)``
 for activations, ``(heads, T, Dh)`` between the head split and merge.
 
 Like the layer IR it is mode-agnostic (no placement), converts to and from
-JSON-able dicts, and names parameters by their ``state_dict`` keys. The
-mapping onto the fabric is not built yet (``docs/transformer.md`` section 8).
+JSON-able dicts, and names parameters by their ``state_dict`` keys. Its
+mapping onto the fabric is :mod:`.gpt_phases` (``docs/transformer.md`` section 11).
 """
 
 from __future__ import annotations

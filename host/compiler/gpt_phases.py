@@ -1,0 +1,455 @@
+"""The GPT training step as fabric phases (``docs/transformer.md`` section 11).
+
+:func:`compile_gpt` takes a captured :class:`~.transformer_ir.TransformerGraph`,
+a mesh and a batch of sequences and returns a :class:`GptSchedule`: the ordered
+phases of one training step, each with the static cycle model's count.
+
+Every activation lives in the streamed GEMM's layout (feature ``k`` on mesh
+row ``k mod H``, the batch's ``N = B*T`` tokens dealt over ``min(W, N)``
+columns in contiguous blocks), the layout the GELU, LayerNorm and residual
+kernels share. Phases by kind:
+
+=============  ======================================================================
+``gemm``       a linear layer's streamed GEMM: forward, input gradient, weight
+               gradient (weights streamed from MemoryX per token pass; the MLP's
+               phases of ``train.s``, run on a one-layer executable of its shape)
+``attention``  one head's products (``firmware/kernels/attention.s``): scores, ``p v``,
+               ``dp``, ``dv``, ``dq``, ``dk``, once per (sequence, head)
+``softmax``    the causal softmax forward and backward (``softmax.s``), per (sequence, head)
+``layernorm``  LayerNorm forward and backward (``layernorm.s``, ``layernorm_bwd.s``)
+``gelu``       GELU forward and backward (``gelu.s``)
+``residual``   ``add(a, b)`` (``residual.s``): residual additions, the embeddings' sum,
+               the gradient sums of a value read by several operations
+``moves``      edge streams of the layout changes and of MemoryX's embedding rows
+               (a modeled cost, :func:`edge_cycles`)
+``host``       the loss and its delta (host, float64 loss as for the MLP); views
+=============  ======================================================================
+
+The float order of every phase is the reference's
+(:mod:`wse.firmware.training.transformer`) for ``rows = H`` and the token
+blocks of the columns, so the functional model
+``TransformerReference(graph, rows=H, blocks=schedule.blocks)`` gives the
+fabric's bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from wse.config import FabricConfig, UsageError
+from wse.firmware.kernels import attention_timing, gelu_timing, layernorm_bwd_timing, layernorm_timing
+from wse.firmware.kernels import residual as residual_kernel
+from wse.firmware.kernels import softmax_timing
+from wse.firmware.kernels.attention import Attention
+from wse.firmware.kernels.common import block_partition
+from wse.firmware.kernels.gelu import Gelu
+from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
+from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
+from wse.firmware.kernels.softmax import Softmax as SoftmaxKernel
+
+from . import codegen
+from . import weight_streaming as ws
+from .ir import Graph, Input, Linear, SoftmaxCrossEntropy
+from .replay import Network, replay
+from .transformer_ir import (GELU, Add, CausalAttention, CausalMask, Embedding, LayerNorm, MatMul, Positions,
+                             Rearrange, Scale, SequenceCrossEntropy, Softmax, TNode, TokenLinear, Tokens,
+                             TransformerGraph)
+
+__all__ = ["GptPhase", "GptSchedule", "AttentionGroup", "compile_gpt", "attention_groups", "linear_executable",
+           "kernel_plan", "kernel_cycles", "edge_cycles", "KINDS", "GEMM_GRAPH_WEIGHT", "GEMM_GRAPH_BIAS"]
+
+#: The phase kinds, in the order reports list them.
+KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "moves", "host")
+#: The parameter names of the one-layer executable a linear layer's phases run on.
+GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS = "l2.weight", "l2.bias"
+
+
+@dataclasses.dataclass(frozen=True)
+class GptPhase:
+    """One phase of the step.
+
+    Members
+    -------
+    name:
+        Unique, readable (``"fwd blocks.0.attn.q"``, ``"scores matmul_1"``).
+    kind:
+        One of :data:`KINDS`.
+    op:
+        What the driver runs (``linear``, ``linear-data``, ``linear-weight``,
+        ``attention``, ``softmax``, ``layernorm``, ``layernorm-bwd``, ``gelu``,
+        ``gelu-bwd``, ``residual``, ``embedding``, ``embedding-grad``, ``move``,
+        ``view``, ``view-bwd``, ``loss``).
+    node:
+        The graph node it belongs to.
+    inputs, outputs:
+        Names of the values it reads and writes (a node's activation is its
+        name; gradients, saved values and intermediates have prefixed names).
+    args:
+        The op's arguments (sizes, variant, scale, parameter names).
+    runs:
+        Device runs of the phase (a head's kernel runs once per sequence and head).
+    cycles:
+        Fabric cycles of one run by the static cycle model (``moves``: the
+        modeled edge streams; ``host``: 0).
+    fmacs:
+        Multiply-accumulate elements of one run (the GEMMs' and the attention
+        products'; 0 for the others, which multiply and add but not as
+        multiply-accumulates).
+    """
+    name: str
+    kind: str
+    op: str
+    node: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    args: tuple[tuple[str, Any], ...] = ()
+    runs: int = 1
+    cycles: int = 0
+    fmacs: int = 0
+
+    def arg(self, key: str, default=None):
+        """The argument ``key``."""
+        return dict(self.args).get(key, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionGroup:
+    """A causal attention: its q, k, v inputs (``k_transposed``: the graph reads ``k^T``), scale,
+    and the nodes it covers."""
+    node: str
+    q: str
+    k: str
+    v: str
+    scale: float
+    k_transposed: bool
+    covered: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class GptSchedule:
+    """The compiled training step of a GPT on a mesh.
+
+    Members
+    -------
+    graph, config:
+        What was compiled.
+    sequences, context:
+        ``B`` sequences of ``T`` tokens per step.
+    blocks:
+        Tokens of each column holding tokens (the weight gradients' and LayerNorm's token blocks).
+    phases:
+        In execution order.
+    groups:
+        The attention groups by node name.
+    """
+    graph: TransformerGraph
+    config: FabricConfig
+    sequences: int
+    context: int
+    blocks: list[int]
+    phases: list[GptPhase]
+    groups: dict[str, AttentionGroup]
+
+    @property
+    def tokens(self) -> int:
+        """``N = B*T``."""
+        return self.sequences * self.context
+
+    def cycles(self) -> int:
+        """Fabric cycles of the whole step (every run of every phase)."""
+        return sum(p.cycles * p.runs for p in self.phases)
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """Per kind: ``cycles``, ``runs``, ``fmacs`` and ``fmac_utilization``
+        (multiply-accumulate elements per PE and cycle)."""
+        pes = self.config.num_pes
+        out = {}
+        for kind in KINDS:
+            phases = [p for p in self.phases if p.kind == kind]
+            cycles = sum(p.cycles * p.runs for p in phases)
+            fmacs = sum(p.fmacs * p.runs for p in phases)
+            out[kind] = {"cycles": cycles, "runs": sum(p.runs for p in phases if p.cycles), "fmacs": fmacs,
+                         "fmac_utilization": fmacs / (pes * cycles) if cycles else 0.0}
+        return out
+
+
+# Attention groups --------------------------------------------------------------------------------
+
+def attention_groups(graph: TransformerGraph) -> dict[str, AttentionGroup]:
+    """Every causal attention of ``graph`` by the node that ends it (the values ``MatMul`` of the
+    written-out form, or ``CausalAttention``). Raises :class:`UsageError` for any other shape."""
+    groups = {}
+    for node in graph.of_kind(CausalAttention):
+        q, k, v = node.inputs
+        groups[node.name] = AttentionGroup(node.name, q, k, v, node.scale, False, ())
+    readers: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for source in n.inputs:
+            readers[source].append(n.name)
+    for softmax in graph.of_kind(Softmax):
+        node, scale, covered = graph.node(softmax.inputs[0]), 1.0, [softmax.name]
+        if not isinstance(node, CausalMask):
+            raise UsageError(f"softmax {softmax.name!r} does not follow a causal mask")
+        covered.append(node.name)
+        node = graph.node(node.inputs[0])
+        while isinstance(node, Scale):
+            scale = scale / node.factor if node.divide else scale * node.factor
+            covered.append(node.name)
+            node = graph.node(node.inputs[0])
+        values = [graph.node(r) for r in readers[softmax.name]]
+        if not isinstance(node, MatMul) or node.role != "scores" or len(values) != 1 \
+                or not isinstance(values[0], MatMul) or values[0].inputs[0] != softmax.name:
+            raise UsageError(f"softmax {softmax.name!r} must read q @ k^T scaled and causally masked, and be "
+                             f"multiplied by v")
+        covered.append(node.name)
+        q, k_t = node.inputs
+        groups[values[0].name] = AttentionGroup(values[0].name, q, k_t, values[0].inputs[1], scale, True,
+                                                tuple(covered))
+    return groups
+
+
+# Static cycles -----------------------------------------------------------------------------------
+
+_KERNELS = {"attention": Attention(), "softmax": SoftmaxKernel(), "layernorm": LayerNormKernel(),
+            "layernorm-bwd": LayerNormBackward(), "gelu": Gelu(), "gelu-bwd": Gelu(),
+            "residual": residual_kernel.Residual()}
+_TIMING = {"attention": attention_timing, "softmax": softmax_timing, "layernorm": layernorm_timing,
+           "layernorm-bwd": layernorm_bwd_timing, "gelu": gelu_timing, "gelu-bwd": gelu_timing,
+           "residual": residual_kernel}
+
+
+def kernel_plan(config: FabricConfig, op: str, sizes: dict, eps: float | None = None):
+    """The library kernel's plan for a phase's ``op`` and ``sizes`` (LayerNorm with its ``eps``)."""
+    kernel = _KERNELS[op]
+    resolved = kernel.resolve(config, sizes)
+    if op == "layernorm":
+        return kernel.plan(config, resolved, eps)
+    return kernel.plan(config, resolved)
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel_cycles(config: FabricConfig, op: str, sizes: tuple, eps: float | None) -> int:
+    plan = kernel_plan(config, op, dict(sizes), eps)
+    routes, ops, starts, ends, inject = _TIMING[op].timing_ops(plan)
+    return int(replay(Network(config, routes), ops, starts, ends, inject, periods=False))
+
+
+def kernel_cycles(config: FabricConfig, op: str, sizes: dict, eps: float | None = None) -> int:
+    """Cycles of one run of a kernel phase by its static cycle mirror (cached)."""
+    return _kernel_cycles(config, op, tuple(sorted(sizes.items())), eps)
+
+
+def edge_cycles(config: FabricConfig, features: int, tokens: int) -> int:
+    """The modeled cycles of one edge stream of a ``tokens x features`` block in the streamed GEMM's
+    layout: mesh row ``y`` takes its ``tokens * ceil-or-floor(features / H)`` words through its one
+    edge link, one word per cycle, plus ``W - 1`` hops to the far column."""
+    rows = max(len(range(y, features, config.height)) for y in range(config.height))
+    return rows * tokens + config.width - 1
+
+
+# Streamed GEMM executables -----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def linear_executable(config: FabricConfig, tokens: int, k: int, o: int, bias: bool, cycles: bool = True):
+    """The weight-streaming executable whose middle layer ``l2`` is a ``k -> o`` linear layer of
+    ``tokens`` tokens: phases ``fwd l2`` (the streamed GEMM, then the output's token-major copy, as
+    every MLP layer but the last), ``bwd-data l2`` and ``bwd-weight l2``, with the static cycle
+    model's counts. The one-feature layers around it (``l1``: ``1 -> k``, ``l3``: ``o -> 1``, a
+    one-class loss) only make ``l2`` a middle layer, so that its input gradient is computed and no
+    loss buffers over ``o`` classes take its memory."""
+    graph = Graph([Input((1,)), Linear(1, k, True, "l1.weight", "l1.bias"),
+                   Linear(k, o, bias, GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS if bias else None),
+                   Linear(o, 1, False, "l3.weight"), SoftmaxCrossEntropy(1)], name=f"linear{k}x{o}")
+    return codegen.generate(ws.plan(graph, config, tokens), cycles=cycles, progress=False)
+
+
+# The compiler pass -------------------------------------------------------------------------------
+
+class _Builder:
+    """Walks the graph forward and backward, emitting phases."""
+
+    def __init__(self, graph: TransformerGraph, config: FabricConfig, sequences: int, cycles: bool):
+        self.graph, self.config, self.B, self.with_cycles = graph, config, sequences, cycles
+        self.T = next(n for n in graph.nodes if isinstance(n, Tokens)).shape[0]
+        self.N = self.B * self.T
+        self.groups = attention_groups(graph)
+        self.covered = {name for g in self.groups.values() for name in g.covered}
+        self.phases: list[GptPhase] = []
+        self.count = 0
+
+    def emit(self, name, kind, op, node, inputs, outputs, args=None, runs=1, cycles=0, fmacs=0) -> None:
+        self.phases.append(GptPhase(name, kind, op, node, tuple(inputs), tuple(outputs),
+                                    tuple(sorted((args or {}).items())), runs, int(cycles), int(fmacs)))
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}#{self.count}"
+
+    def kernel(self, op: str, sizes: dict, eps: float | None = None) -> int:
+        return kernel_cycles(self.config, op, sizes, eps) if self.with_cycles else 0
+
+    def gemm(self, node: TokenLinear, phase: str) -> tuple[int, int]:
+        exe = linear_executable(self.config, self.N, node.in_features, node.out_features, node.bias,
+                                self.with_cycles)
+        p = exe.phases[phase]
+        return p.cycles, p.fmacs
+
+    def moves(self, name: str, node: str, features: int, streams: int, inputs=(), outputs=()) -> None:
+        self.emit(name, "moves", "move", node, inputs, outputs, {"words": streams * self.N * features},
+                  1, streams * edge_cycles(self.config, features, self.N) if self.with_cycles else 0)
+
+    # -- forward --
+    def forward(self, node: TNode) -> None:
+        n = node.name
+        if isinstance(node, (Tokens, Positions, SequenceCrossEntropy)) or n in self.covered:
+            return
+        if isinstance(node, Embedding):
+            self.moves(f"rows {n}", n, node.dim, 1, node.inputs, ())
+            self.emit(f"gather {n}", "host", "embedding", n, node.inputs, (n,), {"weight": node.weight_name})
+        elif isinstance(node, Add):
+            self.emit(f"add {n}", "residual", "residual", n, node.inputs, (n,), {},
+                      1, self.kernel("residual", {"rows": self.N, "cols": node.shape[-1]}))
+        elif isinstance(node, LayerNorm):
+            sizes = {"rows": self.N, "cols": node.features}
+            self.emit(f"layernorm {n}", "layernorm", "layernorm", n, node.inputs, (n, f"xhat:{n}", f"r:{n}"),
+                      {"eps": node.eps, "weight": node.weight_name, "bias": node.bias_name}, 1,
+                      self.kernel("layernorm", sizes, node.eps))
+        elif isinstance(node, TokenLinear):
+            self.emit(f"fwd {n}", "gemm", "linear", n, node.inputs, (n,), self.linear_args(node), 1,
+                      *self.gemm(node, "fwd l2"))
+        elif isinstance(node, GELU):
+            self.emit(f"gelu {n}", "gelu", "gelu", n, node.inputs, (n,), {"variant": node.approximate}, 1,
+                      self.kernel("gelu", {"rows": self.N, "cols": node.shape[-1], "variant": node.approximate}))
+        elif isinstance(node, Rearrange):
+            self.emit(f"view {n}", "host", "view", n, node.inputs, (n,), {"op": node.op, "dims": node.dims,
+                                                                         "shape": node.shape})
+        elif n in self.groups:
+            self.attention_forward(self.groups[n])
+        else:
+            raise UsageError(f"the fabric step cannot run {node.kind} node {n!r}")
+
+    def linear_args(self, node: TokenLinear) -> dict:
+        return {"weight": node.weight_name, "bias": node.bias_name, "k": node.in_features,
+                "o": node.out_features}
+
+    def head_sizes(self, group: AttentionGroup) -> tuple[int, int]:
+        node = self.graph.node(group.q)
+        return node.shape[-2], node.shape[-1]          # T, Dh
+
+    def attention_phase(self, group: AttentionGroup, variant: str, inputs, outputs, kind="attention") -> None:
+        t, dh = self.head_sizes(group)
+        heads = int(np.prod(self.graph.node(group.q).shape[:-2]))
+        args = {"variant": variant, "scale": group.scale, "t": t, "dh": dh}
+        if kind == "softmax":
+            cycles, fmacs = self.kernel("softmax", {"n": t, "variant": variant}), 0
+        else:
+            cycles, fmacs = self.kernel("attention", {"n": t, "cols": dh, "variant": variant}), t * (t + 1) // 2 * dh
+        label = f"softmax-{variant}" if kind == "softmax" else variant
+        self.emit(f"{label} {group.node}", kind, kind, group.node, inputs, outputs, args, self.B * heads, cycles,
+                  fmacs)
+
+    def attention_forward(self, g: AttentionGroup) -> None:
+        n = g.node
+        k = g.k
+        self.attention_phase(g, "scores", (g.q, k), (f"s:{n}",))
+        self.attention_phase(g, "forward", (f"s:{n}",), (f"p:{n}",), "softmax")
+        self.attention_phase(g, "values", (f"p:{n}", g.v), (n,))
+        self.moves(f"move {n}", n, self.graph.node(n).shape[-1] * self.heads(g), 2, (n,), (n,))
+
+    def heads(self, g: AttentionGroup) -> int:
+        return int(np.prod(self.graph.node(g.q).shape[:-2]))
+
+    # -- backward --
+    def backward(self) -> None:
+        output = self.graph.output
+        vocab = self.graph.node(output).shape[-1]
+        self.emit("loss", "host", "loss", "loss", (output,), (f"d:{output}",), {"vocab": vocab})
+        pending = {output: f"d:{output}"}
+        for node in reversed(self.graph.nodes):
+            g = pending.pop(node.name, None)
+            if g is None:
+                continue
+            for name, contribution in self.backward_node(node, g):
+                if name not in pending:
+                    pending[name] = contribution
+                    continue
+                total = self.fresh(f"d:{name}")
+                self.emit(f"sum {total}", "residual", "residual", name, (pending[name], contribution), (total,), {},
+                          1, self.kernel("residual", {"rows": self.N, "cols": self.graph.node(name).shape[-1]}))
+                pending[name] = total
+
+    def backward_node(self, node: TNode, g: str) -> list[tuple[str, str]]:
+        n = node.name
+        if isinstance(node, Add):
+            return [(node.inputs[0], g), (node.inputs[1], g)]
+        if isinstance(node, Embedding):
+            self.moves(f"rows-grad {n}", n, node.dim, 1, (g,), ())
+            self.emit(f"scatter {n}", "host", "embedding-grad", n, (g, node.inputs[0]), (),
+                      {"weight": node.weight_name, "rows": node.num_embeddings})
+            return []
+        if isinstance(node, LayerNorm):
+            dx = self.fresh(f"d:{node.inputs[0]}")
+            self.emit(f"layernorm-bwd {n}", "layernorm", "layernorm-bwd", n, (g, f"xhat:{n}", f"r:{n}"), (dx,),
+                      {"weight": node.weight_name, "bias": node.bias_name}, 1,
+                      self.kernel("layernorm-bwd", {"rows": self.N, "cols": node.features}))
+            return [(node.inputs[0], dx)]
+        if isinstance(node, TokenLinear):
+            dx = self.fresh(f"d:{node.inputs[0]}")
+            args = self.linear_args(node)
+            self.emit(f"bwd-data {n}", "gemm", "linear-data", n, (g,), (dx,), args, 1, *self.gemm(node, "bwd-data l2"))
+            self.emit(f"bwd-weight {n}", "gemm", "linear-weight", n, (node.inputs[0], g), (), args, 1,
+                      *self.gemm(node, "bwd-weight l2"))
+            return [(node.inputs[0], dx)]
+        if isinstance(node, GELU):
+            dx = self.fresh(f"d:{node.inputs[0]}")
+            variant = f"backward-{node.approximate}"
+            self.emit(f"gelu-bwd {n}", "gelu", "gelu-bwd", n, (node.inputs[0], g), (dx,), {"variant": variant}, 1,
+                      self.kernel("gelu-bwd", {"rows": self.N, "cols": node.shape[-1], "variant": variant}))
+            return [(node.inputs[0], dx)]
+        if isinstance(node, Rearrange):
+            dx = self.fresh(f"d:{node.inputs[0]}")
+            self.emit(f"view-bwd {n}", "host", "view-bwd", n, (g, node.inputs[0]), (dx,),
+                      {"op": node.op, "dims": node.dims})
+            return [(node.inputs[0], dx)]
+        if n in self.groups:
+            return self.attention_backward(self.groups[n], g)
+        return []
+
+    def attention_backward(self, grp: AttentionGroup, g: str) -> list[tuple[str, str]]:
+        n = grp.node
+        dq, dk, dv = (self.fresh(f"d:{name}") for name in (grp.q, grp.k, grp.v))
+        self.attention_phase(grp, "backward-dp", (g, grp.v), (f"dp:{n}",))
+        self.attention_phase(grp, "backward", (f"p:{n}", f"dp:{n}"), (f"ds:{n}",), "softmax")
+        self.attention_phase(grp, "backward-dv", (g, f"p:{n}"), (dv,))
+        self.attention_phase(grp, "backward-dq", (f"ds:{n}", grp.k), (dq,))
+        self.attention_phase(grp, "backward-dk", (grp.q, f"ds:{n}"), (dk,))
+        self.moves(f"move-bwd {n}", n, self.graph.node(n).shape[-1] * self.heads(grp), 6, (dq, dk, dv),
+                   (dq, dk, dv))
+        return [(grp.q, dq), (grp.k, dk), (grp.v, dv)]
+
+
+def compile_gpt(graph: TransformerGraph, config: FabricConfig, sequences: int, *, cycles: bool = True) -> GptSchedule:
+    """The phases of one training step of ``graph`` on ``sequences`` sequences on ``config``'s mesh.
+
+    ``cycles=False`` skips the static cycle model (every phase reads 0 cycles).
+
+    Raises
+    ------
+    UsageError
+        If the graph has no loss, an operation the step cannot run, or a batch that does not fit
+        (:class:`~.weight_streaming.FitError`, from the streamed GEMM's or a kernel's memory check).
+    """
+    if graph.loss is None:
+        raise UsageError(f"graph {graph.name!r} has no loss; capture it with loss='cross_entropy'")
+    if isinstance(sequences, bool) or not isinstance(sequences, (int, np.integer)) or sequences < 1:
+        raise UsageError(f"sequences must be a positive integer, not {sequences!r}")
+    builder = _Builder(graph, config, int(sequences), cycles)
+    for node in graph.nodes:
+        builder.forward(node)
+    builder.backward()
+    blocks = [len(b) for b in block_partition(builder.N, min(config.width, builder.N))]
+    return GptSchedule(graph, config, int(sequences), builder.T, blocks, builder.phases, builder.groups)

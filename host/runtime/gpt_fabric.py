@@ -1,0 +1,364 @@
+"""The GPT training step on a device: the phases of
+:func:`wse.host.compiler.gpt_phases.compile_gpt` run one after another on the
+golden model or an RTL simulator (``docs/transformer.md`` section 11).
+
+Each phase is a program of its own: the streamed GEMM's phases are the
+training firmware's (``train.s``) on a one-layer executable of the linear
+layer's shape, the others the library kernels (attention products, causal
+softmax, LayerNorm, GELU, residual). Between phases the host carries the
+values: the words a phase leaves in the PEs are read out and written into
+the next phase's buffers (``memcpy``, which takes no fabric cycles), in the
+same layout where the two phases share one; where they do not (a head's
+``q``, ``k``, ``v`` into the attention layout, its output back, MemoryX's
+embedding rows) the schedule counts a ``moves`` phase. The attention
+kernels take ``q``/``dout`` rows at the west edge and ``k``/``v`` rows at the
+north edge as edge streams, inside their own cycles. The loss and its delta
+are the host's (float64 loss, the reference's delta), as are the embedding
+tables' row sums (MemoryX).
+
+:class:`GptFabric` ``.step(params, tokens, targets)`` returns the loss, the
+logits, every parameter's gradient and every run's cycles; it equals
+``TransformerReference(graph, rows=H, blocks=schedule.blocks).step`` bit for
+bit (``tests/test_gpt_fabric.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+import numpy as np
+
+from wse import numerics as fp
+from wse.firmware.kernels import layernorm as layernorm_kernel
+from wse.firmware.kernels import residual as residual_kernel
+from wse.firmware.kernels.attention import Attention
+from wse.firmware.kernels.common import read_per_pe
+from wse.firmware.kernels.gelu import Gelu
+from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
+from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
+from wse.firmware.kernels.softmax import Softmax as SoftmaxKernel
+from wse.firmware.training import transformer as ops
+from wse.host.compiler.gpt_phases import (GEMM_GRAPH_BIAS, GEMM_GRAPH_WEIGHT, GptPhase, GptSchedule, kernel_plan,
+                                          linear_executable)
+from wse.sim.devices import make_device
+
+from . import transformer_kernels as tk
+from . import transformer_loss as tl
+from .device import DeviceBackend
+from .loss import cross_entropy
+
+__all__ = ["GptFabric", "FabricStep"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FabricStep:
+    """One training step on the fabric.
+
+    Members
+    -------
+    loss:
+        Mean next-token cross-entropy (float64, host rule).
+    logits:
+        float32 ``[B, T, vocab]``.
+    grads:
+        float32 gradient of every parameter by ``state_dict`` key.
+    cycles:
+        Phase name -> the cycles of each of its device runs, in order.
+    """
+    loss: float
+    logits: np.ndarray
+    grads: dict[str, np.ndarray]
+    cycles: dict[str, list[int]]
+
+
+class _GemmBackend(DeviceBackend):
+    """A device backend for one linear layer's executable, on a device from ``factory``."""
+
+    def __init__(self, executable, factory):
+        super().__init__(executable)
+        self.factory = factory
+
+    def make_device(self, config):
+        return self.factory(config)
+
+
+def _region_image(exe, region: str, matrix: np.ndarray, token_major: bool) -> np.ndarray:
+    """``uint32 [H, W, words]`` of ``matrix [N, F]`` as the streamed GEMM keeps ``region``:
+    feature ``k`` on row ``k mod H``, each column's tokens, feature-major (``token_major``: token-major)."""
+    layout, cfg = exe.layout, exe.config
+    _, words = exe.regions[region]
+    image = np.zeros((cfg.height, cfg.width, words), dtype=np.uint32)
+    for y in range(cfg.height):
+        feats = np.arange(y, matrix.shape[1], cfg.height)
+        for j, (start, count) in enumerate(zip(layout.token_start, layout.tokens)):
+            block = matrix[start:start + count][:, feats]
+            flat = block.ravel() if token_major else block.T.ravel()
+            image[y, j, :flat.size] = flat
+    return image
+
+
+def _region_matrix(exe, image: np.ndarray, features: int) -> np.ndarray:
+    """The ``[N, F]`` matrix of a feature-major region's ``image`` (the inverse of :func:`_region_image`)."""
+    layout, cfg = exe.layout, exe.config
+    out = np.zeros((sum(layout.tokens), features), dtype=np.uint32)
+    for y in range(cfg.height):
+        feats = np.arange(y, features, cfg.height)
+        for j, (start, count) in enumerate(zip(layout.token_start, layout.tokens)):
+            out[start:start + count, feats] = image[y, j, :len(feats) * count].reshape(len(feats), count).T
+    return out
+
+
+def _floats(bits: np.ndarray) -> np.ndarray:
+    return fp.as_float(np.ascontiguousarray(bits, dtype=np.uint32))
+
+
+class GptFabric:
+    """Runs a :class:`~wse.host.compiler.gpt_phases.GptSchedule` on a device.
+
+    Parameters
+    ----------
+    schedule:
+        From :func:`~wse.host.compiler.gpt_phases.compile_gpt`.
+    device:
+        A device name of :mod:`wse.sim.devices` (``golden``, ``vector``, ``verilator``,
+        ``icarus``) or a factory ``config -> device``; every phase run gets a fresh one.
+    """
+
+    def __init__(self, schedule: GptSchedule, device: str | Callable = "golden"):
+        self.schedule = schedule
+        self.config = schedule.config
+        self.factory = device if callable(device) else (lambda config, name=device: make_device(name, config))
+
+    def _device(self):
+        return self.factory(self.config)
+
+    # -- the step ----------------------------------------------------------------
+    def step(self, params: Mapping[str, np.ndarray], tokens, targets) -> FabricStep:
+        """Forward, loss and backward of token ids ``tokens [B, T]`` with next-token ``targets``
+        on the device; ``params`` maps every ``state_dict`` key to its float32 value."""
+        tokens, targets = np.asarray(tokens), np.asarray(targets)
+        s = self.schedule
+        if tokens.shape != (s.sequences, s.context) or targets.shape != tokens.shape:
+            raise ValueError(f"the schedule runs {s.sequences} sequences of {s.context} tokens, not "
+                             f"{tokens.shape} (targets {targets.shape})")
+        self.w = {k: tk.flushed(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
+        self.values: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.rows: dict[str, tuple] = {}
+        self.targets = targets
+        self.loss = 0.0
+        for node in s.graph.nodes:
+            if node.kind == "tokens":
+                self.values[node.name] = tokens
+            elif node.kind == "positions":
+                self.values[node.name] = np.arange(node.shape[0])
+        cycles: dict[str, list[int]] = {}
+        for phase in s.phases:
+            cycles[phase.name] = self._run(phase)
+        for name, (dx, index, rows) in self.rows.items():
+            self.grads[name] = ops.floats(tk.embedding_rows_grad(dx, index, rows))
+        logits = ops.floats(self.values[s.graph.output])
+        return FabricStep(self.loss, logits, self.grads, cycles)
+
+    def _run(self, phase: GptPhase) -> list[int]:
+        handler = getattr(self, "_op_" + phase.op.replace("-", "_"))
+        result = handler(phase)
+        return list(result) if result is not None else []
+
+    def _flat(self, name: str, features: int) -> np.ndarray:
+        return np.ascontiguousarray(self.values[name]).reshape(-1, features)
+
+    # -- host ops ------------------------------------------------------------------
+    def _op_move(self, phase: GptPhase):
+        return None          # the host carries the values; the schedule counts the modeled edge streams
+
+    def _op_embedding(self, phase: GptPhase):
+        self.values[phase.outputs[0]] = self.w[phase.arg("weight")][self.values[phase.inputs[0]]]
+
+    def _op_embedding_grad(self, phase: GptPhase):
+        g, ids = self.values[phase.inputs[0]], self.values[phase.inputs[1]]
+        index = np.broadcast_to(ids, g.shape[:-1])
+        self.rows[phase.arg("weight")] = (np.ascontiguousarray(g).reshape(-1, g.shape[-1]),
+                                          np.ascontiguousarray(index).reshape(-1), phase.arg("rows"))
+
+    def _op_view(self, phase: GptPhase):
+        x, op = self.values[phase.inputs[0]], phase.arg("op")
+        if op == "view":
+            x = x.reshape((self.schedule.sequences,) + tuple(phase.arg("shape")))
+        elif op == "transpose":
+            x = np.ascontiguousarray(np.swapaxes(x, *phase.arg("dims")))
+        self.values[phase.outputs[0]] = x
+
+    def _op_view_bwd(self, phase: GptPhase):
+        g, x = self.values[phase.inputs[0]], self.values[phase.inputs[1]]
+        if phase.arg("op") == "transpose":
+            g = np.ascontiguousarray(np.swapaxes(g, *phase.arg("dims")))
+        self.values[phase.outputs[0]] = g.reshape(x.shape)
+
+    def _op_loss(self, phase: GptPhase):
+        logits = self.values[phase.inputs[0]]
+        flat = np.ascontiguousarray(logits).reshape(-1, phase.arg("vocab"))
+        target = self.targets.reshape(-1)
+        self.loss = float(np.mean(cross_entropy(ops.floats(flat), target)))
+        delta = tl.sequence_cross_entropy_delta(flat, target, None)
+        self.values[phase.outputs[0]] = np.asarray(delta).reshape(logits.shape)
+
+    # -- kernels on the tokens x features layout ------------------------------------------
+    def _tokens_plan(self, op: str, features: int, variant: str | None = None, eps=None):
+        sizes = {"rows": self.schedule.tokens, "cols": features}
+        if variant is not None:
+            sizes["variant"] = variant
+        return kernel_plan(self.config, op, sizes, eps)
+
+    def _op_residual(self, phase: GptPhase):
+        a, b = (self.values[name] for name in phase.inputs)
+        b = np.broadcast_to(b, a.shape)
+        features = a.shape[-1]
+        plan = self._tokens_plan("residual", features)
+        inputs = {"a": _floats(a.reshape(-1, features)), "b": _floats(np.ascontiguousarray(b).reshape(-1, features))}
+        bits, cycles = residual_kernel.Residual().execute(self._device(), plan, inputs)
+        self.values[phase.outputs[0]] = bits.reshape(a.shape)
+        return [cycles]
+
+    def _op_layernorm(self, phase: GptPhase):
+        x = self.values[phase.inputs[0]]
+        features = x.shape[-1]
+        plan = self._tokens_plan("layernorm", features, eps=phase.arg("eps"))
+        device = self._device()
+        y, cycles = LayerNormKernel().execute(device, plan, {
+            "x": _floats(x.reshape(-1, features)), "gamma": _floats(self.w[phase.arg("weight")]),
+            "beta": _floats(self.w[phase.arg("bias")])})
+        addr = layernorm_kernel.addresses(plan)
+        xhat = plan.gather(read_per_pe(device, addr["XC"], plan.counts))
+        r = np.zeros(plan.tokens, dtype=np.uint32)
+        for x0, block in enumerate(plan.token_blocks):
+            if len(block):
+                r[block.start:block.stop] = device.memcpy_d2h(int(addr["S"][0, x0]), len(block), (x0, 0, 1, 1))[0, 0]
+        out, xh, rr = phase.outputs
+        self.values[out], self.values[xh], self.values[rr] = y.reshape(x.shape), xhat, r
+        return [cycles]
+
+    def _op_layernorm_bwd(self, phase: GptPhase):
+        g, xhat, r = (self.values[name] for name in phase.inputs)
+        features = g.shape[-1]
+        plan = self._tokens_plan("layernorm-bwd", features)
+        out, cycles = LayerNormBackward().execute(self._device(), plan, {
+            "dy": _floats(g.reshape(-1, features)), "gamma": _floats(self.w[phase.arg("weight")]),
+            "xhat": _floats(xhat), "r": _floats(r)})
+        n = plan.tokens * features
+        self.values[phase.outputs[0]] = out[:n].reshape(g.shape)
+        self.grads[phase.arg("weight")] = ops.floats(out[n:n + features])
+        self.grads[phase.arg("bias")] = ops.floats(out[n + features:])
+        return [cycles]
+
+    def _op_gelu(self, phase: GptPhase, backward: bool = False):
+        x = self.values[phase.inputs[0]]
+        features = x.shape[-1]
+        plan = self._tokens_plan("gelu", features, phase.arg("variant"))
+        inputs = {"x": _floats(x.reshape(-1, features))}
+        if backward:
+            inputs["dy"] = _floats(self.values[phase.inputs[1]].reshape(-1, features))
+        y, cycles = Gelu().execute(self._device(), plan, inputs)
+        self.values[phase.outputs[0]] = y.reshape(x.shape)
+        return [cycles]
+
+    def _op_gelu_bwd(self, phase: GptPhase):
+        return self._op_gelu(phase, backward=True)
+
+    # -- the streamed GEMM ------------------------------------------------------------------
+    def _gemm(self, phase: GptPhase, name: str, inputs: dict, out: tuple[str, int] | None):
+        k, o = phase.arg("k"), phase.arg("o")
+        bias = phase.arg("bias")
+        exe = linear_executable(self.config, self.schedule.tokens, k, o, bias is not None)
+        weights = {GEMM_GRAPH_WEIGHT: _floats(self.w[phase.arg("weight")])}
+        if bias is not None:
+            weights[GEMM_GRAPH_BIAS] = _floats(self.w[bias])
+        backend = _GemmBackend(exe, self.factory)
+        backend.load()
+        for region, (matrix, token_major) in inputs.items():
+            backend.device.memcpy_h2d(exe.regions[region][0], _region_image(exe, region, matrix, token_major))
+        pools: dict = {}
+        cycles = backend.run_phase(name, weights, pools)
+        result = None
+        if out is not None:
+            region, features = out
+            addr, words = exe.regions[region]
+            result = _region_matrix(exe, backend.device.memcpy_d2h(addr, words), features)
+        return result, pools, cycles
+
+    def _op_linear(self, phase: GptPhase):
+        x = self.values[phase.inputs[0]]
+        k, o = phase.arg("k"), phase.arg("o")
+        y, _, cycles = self._gemm(phase, "fwd l2", {"act1": (x.reshape(-1, k), False)}, ("act2", o))
+        self.values[phase.outputs[0]] = y.reshape(x.shape[:-1] + (o,))
+        return [cycles]
+
+    def _op_linear_data(self, phase: GptPhase):
+        g = self.values[phase.inputs[0]]
+        k, o = phase.arg("k"), phase.arg("o")
+        dx, _, cycles = self._gemm(phase, "bwd-data l2", {"grad2": (g.reshape(-1, o), False)}, ("grad1", k))
+        self.values[phase.outputs[0]] = dx.reshape(g.shape[:-1] + (k,))
+        return [cycles]
+
+    def _op_linear_weight(self, phase: GptPhase):
+        x, g = (self.values[name] for name in phase.inputs)
+        k, o = phase.arg("k"), phase.arg("o")
+        _, pools, cycles = self._gemm(phase, "bwd-weight l2", {"act1tm": (x.reshape(-1, k), True),
+                                                               "grad2": (g.reshape(-1, o), False)}, None)
+        (key, bits), = pools.items()
+        self.grads[phase.arg("weight")] = ops.floats(bits[:o * k]).reshape(o, k)
+        if phase.arg("bias") is not None:
+            self.grads[phase.arg("bias")] = ops.floats(bits[o * k:])
+        return [cycles]
+
+    # -- one head at a time -------------------------------------------------------------------
+    def _heads(self, name: str, transposed: bool = False) -> np.ndarray:
+        """The value ``name`` as ``[sequences * heads, rows, columns]`` (``transposed``: the last two swapped)."""
+        value = self.values[name]
+        if transposed:
+            value = np.swapaxes(value, -1, -2)
+        return np.ascontiguousarray(value).reshape(-1, *value.shape[-2:])
+
+    def _op_attention(self, phase: GptPhase):
+        group = self.schedule.groups[phase.node]
+        variant, t, dh = phase.arg("variant"), phase.arg("t"), phase.arg("dh")
+        plan = dataclasses.replace(kernel_plan(self.config, "attention", {"n": t, "cols": dh, "variant": variant}),
+                                   scale_value=phase.arg("scale"))
+        reads = {"scores": ("q", "k"), "values": ("p", "v"), "backward-dp": ("dout", "v"),
+                 "backward-dv": ("dout", "p"), "backward-dq": ("ds", "k"), "backward-dk": ("q", "ds")}[variant]
+        operands = {}
+        for role, value in zip(reads, phase.inputs):
+            operands[role] = self._heads(value, transposed=(role == "k" and group.k_transposed))
+        results, cycles = [], []
+        for h in range(next(iter(operands.values())).shape[0]):
+            bits, c = Attention().execute(self._device(), plan, {r: _floats(v[h]) for r, v in operands.items()})
+            results.append(bits)
+            cycles.append(c)
+        out = np.stack(results)
+        target = phase.outputs[0]
+        if variant in ("values", "backward-dv", "backward-dq", "backward-dk"):
+            like = {"values": group.q, "backward-dv": group.v, "backward-dq": group.q,
+                    "backward-dk": group.k}[variant]
+            shape = self.values[like].shape
+            if variant == "backward-dk" and group.k_transposed:
+                out = np.swapaxes(out.reshape(shape[:-2] + (t, dh)), -1, -2)
+            out = np.ascontiguousarray(out).reshape(shape)
+        self.values[target] = out
+        return cycles
+
+    def _op_softmax(self, phase: GptPhase):
+        variant, t = phase.arg("variant"), phase.arg("t")
+        plan = dataclasses.replace(kernel_plan(self.config, "softmax", {"n": t, "variant": variant}),
+                                   scale=phase.arg("scale"))
+        blocks = [self.values[name] for name in phase.inputs]
+        results, cycles = [], []
+        for h in range(blocks[0].shape[0]):
+            inputs = {"scores": _floats(blocks[0][h])} if variant == "forward" else \
+                {"p": _floats(blocks[0][h]), "dp": _floats(blocks[1][h])}
+            bits, c = SoftmaxKernel().execute(self._device(), plan, inputs)
+            results.append(bits)
+            cycles.append(c)
+        self.values[phase.outputs[0]] = np.stack(results)
+        return cycles
+

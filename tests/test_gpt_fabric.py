@@ -1,0 +1,137 @@
+"""The GPT training step as fabric phases (``host/compiler/gpt_phases.py``,
+``host/runtime/gpt_fabric.py``, ``docs/transformer.md`` section 11): a
+one-layer transformer's whole step (forward, loss, backward: every
+parameter's gradient) on the golden model equals the functional model
+``TransformerReference`` on the same layout bit for bit, and every device
+run of every phase takes exactly the static cycle model's cycles; the same
+on Verilator (a tiny mesh) and, slow, on Icarus."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from wse.config import FabricConfig, UsageError
+from wse.firmware.kernels import residual as residual_kernel
+from wse.host.compiler.gpt_phases import KINDS, compile_gpt, edge_cycles
+from wse.host.compiler.replay import Network, replay
+from wse.host.compiler.transformer_capture import capture
+from wse.host.runtime.gpt_fabric import GptFabric
+from wse.host.runtime.transformer_reference import TransformerReference
+from wse.sim.runner import run_kernel
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("_char_gpt_fabric", Path(__file__).resolve().parents[1]
+                                                  / "examples" / "char_gpt.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def _setup(sequences: int, seed: int = 0, attention: str = "manual", approximate: str = "none"):
+    example = _example()
+    torch.manual_seed(seed)
+    model = example.CharGPT(16, layers=1, d_model=16, heads=2, context=8, attention=attention)
+    if approximate != "none":
+        model.blocks[0].gelu = torch.nn.GELU(approximate=approximate)
+    rng = np.random.default_rng(seed)
+    x, y = rng.integers(0, 16, (sequences, 8)), rng.integers(0, 16, (sequences, 8))
+    graph = capture(model, torch.from_numpy(x))
+    params = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    return graph, params, x, y
+
+
+def _check_step(graph, params, x, y, cfg: FabricConfig, device: str) -> None:
+    schedule = compile_gpt(graph, cfg, x.shape[0])
+    got = GptFabric(schedule, device).step(params, x, y)
+    want = TransformerReference(graph, rows=cfg.height, blocks=schedule.blocks).step(params, x, y)
+    assert got.loss == want.loss
+    assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+    assert got.grads.keys() == want.grads.keys() == set(params)
+    for name, grad in want.grads.items():
+        assert got.grads[name].shape == grad.shape, name
+        assert np.array_equal(got.grads[name].view(np.uint32), grad.view(np.uint32)), name
+    ran = 0
+    for phase in schedule.phases:
+        runs = got.cycles[phase.name]
+        if phase.kind in ("moves", "host"):
+            assert runs == [], phase.name
+            continue
+        assert runs == [phase.cycles] * phase.runs, (phase.name, phase.cycles, runs)
+        ran += len(runs)
+    assert ran == sum(p.runs for p in schedule.phases if p.kind not in ("moves", "host"))
+    assert schedule.cycles() == sum(p.cycles * p.runs for p in schedule.phases)
+
+
+@pytest.mark.parametrize("sequences,width,height", [(2, 4, 4), (1, 3, 2), (3, 2, 2)])
+def test_golden_step_equals_the_functional_model_bit_for_bit(sequences, width, height):
+    """(3, 2, 2): 12 tokens per column, two token passes of the streamed GEMMs (8 per pass at most)."""
+    graph, params, x, y = _setup(sequences)
+    _check_step(graph, params, x, y, FabricConfig(width=width, height=height), "golden")
+
+
+def test_sdpa_and_tanh_gelu_forms_on_golden():
+    graph, params, x, y = _setup(1, seed=2, attention="sdpa", approximate="tanh")
+    _check_step(graph, params, x, y, FabricConfig(width=2, height=2), "golden")
+
+
+def test_verilator_step_equals_the_functional_model():
+    graph, params, x, y = _setup(1, seed=1)
+    _check_step(graph, params, x, y, FabricConfig(width=2, height=2), "verilator")
+
+
+@pytest.mark.slow
+def test_icarus_step_equals_the_functional_model():
+    graph, params, x, y = _setup(1, seed=1)
+    _check_step(graph, params, x, y, FabricConfig(width=2, height=2), "icarus")
+
+
+def test_schedule_phases_and_kinds():
+    graph, _, _, _ = _setup(2)
+    cfg = FabricConfig(width=4, height=4)
+    schedule = compile_gpt(graph, cfg, 2)
+    kinds = schedule.by_kind()
+    assert set(kinds) == set(KINDS)
+    assert all(kinds[k]["cycles"] > 0 for k in KINDS if k != "host") and kinds["host"]["cycles"] == 0
+    assert sum(k["cycles"] for k in kinds.values()) == schedule.cycles()
+    names = [p.name for p in schedule.phases]
+    assert len(names) == len(set(names))
+    # every linear layer has its three streamed-GEMM phases, the attention its eight kernels per (sequence, head)
+    linears = [n.name for n in graph.nodes if n.kind == "token_linear"]
+    for name in linears:
+        assert {f"fwd {name}", f"bwd-data {name}", f"bwd-weight {name}"} <= set(names)
+    attention = [p for p in schedule.phases if p.kind in ("attention", "softmax")]
+    assert len(attention) == 8 and all(p.runs == 2 * 2 for p in attention)
+    # the forward before the loss, the backward after it
+    assert names.index("fwd head") < names.index("loss") < names.index("bwd-data head")
+    assert schedule.blocks == [4, 4, 4, 4]
+    assert edge_cycles(cfg, 16, 16) == 4 * 16 + 3
+
+
+def test_residual_kernel_bits_and_mirror():
+    for width, height, rows, cols in ((4, 4, 16, 32), (3, 2, 5, 7), (2, 2, 1, 3)):
+        cfg = FabricConfig(width=width, height=height)
+        report = run_kernel("residual", cfg, seed=1, rows=rows, cols=cols)
+        kernel = residual_kernel.Residual()
+        plan = kernel.plan(cfg, kernel.resolve(cfg, {"rows": rows, "cols": cols}))
+        _, ops, starts, ends, _ = residual_kernel.timing_ops(plan)
+        assert report["bit_exact"] and report["cycles"] == replay(Network(cfg, []), ops, starts, ends, {},
+                                                                  periods=False)
+
+
+def test_step_refuses_a_batch_of_another_shape_and_a_graph_without_loss():
+    graph, params, x, y = _setup(1)
+    schedule = compile_gpt(graph, FabricConfig(width=2, height=2), 1, cycles=False)
+    with pytest.raises(ValueError, match="the schedule runs 1 sequences of 8 tokens"):
+        GptFabric(schedule).step(params, np.concatenate([x, x]), np.concatenate([y, y]))
+    with pytest.raises(UsageError, match="sequences must be a positive integer"):
+        compile_gpt(graph, FabricConfig(width=2, height=2), 0)
+    no_loss = capture(_example().CharGPT(16, layers=1, d_model=16, heads=2, context=8), torch.from_numpy(x),
+                      loss=None)
+    with pytest.raises(UsageError, match="has no loss"):
+        compile_gpt(no_loss, FabricConfig(width=2, height=2), 1)
