@@ -14,7 +14,7 @@ lines:
   dense cycles that sparsity does not remove (the run with no non-zero at
   all: carriage returns and the partial-sum ring only);
 * ``imbalance``: non-zeros of the most loaded mesh row over the mean, for a
-  power-law mask (features dealt sorted, serpentine round robin) and for a
+  power-law mask (features dealt by load, most non-zeros first) and for a
   plain block deal of the same mask (target: at most 1.05);
 * ``breakdown`` (``--breakdown S``, alone): the large layer's three phases,
   dense and at sparsity ``S``: cycles, each PE's stall-free cycles (mean,

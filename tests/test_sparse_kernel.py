@@ -101,6 +101,25 @@ def test_sparsity_cuts_cycles():
     assert cycles[0.9] < 0.25 * cycles[0.0]
 
 
+def test_a_later_non_zero_costs_one_index_cycle_beyond_its_fmacs():
+    """``fmacx`` takes a feature's later non-zeros: each adds ``T + 1`` stall-free cycles
+    (the index, then ``T`` FMACs, the first popping the value), against ``T + 4`` with
+    ``recv``, ``blt``, ``setb``, ``fmacw`` per non-zero."""
+    from wse.firmware.kernels.spgemm_timing import row_ops
+
+    cfg = FabricConfig(width=2, height=3)
+    kernel = get_kernel("spgemm")
+    plan = kernel.plan(cfg, kernel.resolve(cfg, dict(rows=6, cols=12, n=8, sparsity=0.5)))
+
+    def free(counts, T):
+        ops = row_ops(plan, np.ones(len(counts), dtype=np.int64), np.array(counts), T, 1, 2)
+        return int(sum(a if op == BUSY else 1 if op == RECV else a + 1 for op, a, *_ in ops if op != STOP))
+    for T in (1, 4, 8):
+        assert [free([n + 1], T) - free([n], T) for n in range(1, 6)] == [T + 1] * 5
+        # the first: setb, recv of the value, fmacs (T + 1), the fmacx's carriage return, one branch fewer
+        assert free([1], T) - free([0], T) == T + 3
+
+
 def test_timing_codes_are_the_training_models():
     assert (BUSY, RECV, VEC, STOP) == (timing.BUSY, timing.RECV, timing.VEC, timing.END)
 

@@ -128,6 +128,29 @@ def test_sparse_forward_streams_only_kept_weights_and_equals_dense_on_masked_wei
     assert sum(exe.phases[n].cycles for n in fwd) < 0.5 * sum(dense.phases[n].cycles for n in fwd)
 
 
+def test_a_step_without_a_non_zero_on_a_row_sends_only_its_ring_kind():
+    """Per row: a carriage return for each output with a kept weight among the row's features,
+    one ring kind per output, ``-3`` and ``-6`` for the one block; nothing else is a control wavelet,
+    and the data wavelets are the pairs and the FIRST/ONLY bias words."""
+    model = mlp(40, 24, 5)
+    exe, masks, _ = sparse_setup(model, 6, (3, 3), 0.95)
+    H, checked = 3, 0
+    for name in ("fwd 0", "bwd-data 2"):
+        phase = exe.phases[name]
+        grid = masks["0.weight"] if name == "fwd 0" else masks["2.weight"].T     # [outputs, features]
+        outputs = grid.shape[0]
+        for stream in phase.streams_in:
+            i = stream.index
+            busy = grid[:, i::H].any(axis=1)
+            assert not busy.all()                                               # some steps are empty here
+            firsts = len(range((i - 1) % H, outputs, H))                        # ring position 0: one a round
+            assert int(stream.ctrl.sum()) == int(busy.sum()) + outputs + 2, (name, i)
+            pairs = 2 * int(grid[:, i::H].sum())
+            assert len(stream.gather) - int(stream.ctrl.sum()) == pairs + firsts, (name, i)   # (-0.0 without bias)
+            checked += 1
+    assert checked == 2 * H
+
+
 def test_sparse_mapping_errors():
     model = mlp(13, 11, 5)
     cfg = FabricConfig(width=4, height=3)
@@ -143,19 +166,25 @@ def test_sparse_mapping_errors():
 icarus = pytest.mark.skipif(shutil.which("iverilog") is None, reason="iverilog is not installed")
 
 
-@pytest.mark.parametrize("backend", ["verilator", "vector", pytest.param("icarus", marks=[icarus, pytest.mark.slow])])
+@pytest.mark.parametrize("backend", ["verilator", "vector", pytest.param("vector-torch-cpu", marks=pytest.mark.slow),
+                                     pytest.param("icarus", marks=[icarus, pytest.mark.slow])])
 def test_sparse_step_on_the_rtl_and_vector_model_equals_functional_and_cycles(backend):
     """One sparse training step (sparse forward, input and weight gradients) on the
-    Verilator RTL, on the vectorized fabric model and (slow) on the Icarus RTL under cocotb."""
-    exe, masks, weights = sparse_setup(mlp(9, 7, 4), 4, (2, 2), 0.5)
-    rng = np.random.default_rng(2)
-    x, y = rng.standard_normal((4, 9)).astype(np.float32), rng.integers(0, 4, 4)
-    functional = Runtime(exe, "functional").train_step(x, y, weights)
-    rtl = Runtime(exe, backend).train_step(x, y, weights)
-    assert np.array_equal(functional.logits.view(np.uint32), rtl.logits.view(np.uint32))
-    for k in functional.grads:
-        assert np.array_equal(functional.grads[k].view(np.uint32), rtl.grads[k].view(np.uint32)), k
-    assert rtl.cycles == functional.cycles == sum(exe.phases[n].cycles for n in exe.sequences["train"])
+    Verilator RTL, on the vectorized fabric model (numba; slow: torch on the CPU) and (slow)
+    on the Icarus RTL under cocotb."""
+    setups = [(mlp(9, 7, 4), 4, (2, 2), 0.5)]
+    if backend in ("verilator", "vector"):      # and every ring kind of a step without a non-zero on a row
+        setups.append((mlp(13, 11, 5), 6, (3, 3), 0.9))
+    for model, batch, mesh, s in setups:
+        exe, masks, weights = sparse_setup(model, batch, mesh, s)
+        rng = np.random.default_rng(2)
+        x, y = rng.standard_normal((batch, model[0].in_features)).astype(np.float32), rng.integers(0, 4, batch)
+        functional = Runtime(exe, "functional").train_step(x, y, weights)
+        rtl = Runtime(exe, backend).train_step(x, y, weights)
+        assert np.array_equal(functional.logits.view(np.uint32), rtl.logits.view(np.uint32))
+        for k in functional.grads:
+            assert np.array_equal(functional.grads[k].view(np.uint32), rtl.grads[k].view(np.uint32)), k
+        assert rtl.cycles == functional.cycles == sum(exe.phases[n].cycles for n in exe.sequences["train"])
 
 
 def test_compiler_keeps_a_phase_dense_where_the_sparse_one_is_slower():

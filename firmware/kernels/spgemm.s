@@ -20,9 +20,11 @@
 ;   0xC0000000 | a   ONLY: store acc at a (a one-row mesh)
 ;
 ; A feature's first non-zero starts the accumulator (fmacs from the zero
-; block); later ones are one fmacw each, which pops the value itself. A row
-; with no non-zero of the feature runs its ring operation on the zero block.
-; Nothing multiplies by a weight that is not there.
+; block); one fmacx takes the later ones (per index: d1's base set to it,
+; the value popped, T multiply-adds into the accumulator) and ends on the
+; carriage return, whose data it leaves in r1. A row with no non-zero of the
+; feature runs its ring operation on the zero block. Nothing multiplies by a
+; weight that is not there.
 
         .equ C_W, 0             ; color of the weight stream
         .equ T_START, 4         ; local task launched by the host
@@ -74,27 +76,8 @@ feature:
         setb    d1, r1
         recv    r8, C_W
         fmacs   d0, d5, d1, r8  ; acc = +0 + x[l] * w
-nz:
-        recv    r1, C_W
-        blt     r1, r0, cr_acc
-        setb    d1, r1
-        fmacw   d0, d1, d4      ; acc += x[l] * w, w popped from the stream
-        recv    r1, C_W
-        blt     r1, r0, cr_acc
-        setb    d1, r1
-        fmacw   d0, d1, d4
-        recv    r1, C_W
-        blt     r1, r0, cr_acc
-        setb    d1, r1
-        fmacw   d0, d1, d4
-        recv    r1, C_W
-        blt     r1, r0, cr_acc
-        setb    d1, r1
-        fmacw   d0, d1, d4
-        jmp     nz
-
+        fmacx   d0, d1, d4, C_W, r1     ; acc += x[l] * w per later pair; r1 = the carriage return
 ; Carriage return after at least one non-zero: the ring operation on acc.
-cr_acc:
         blt     r1, r12, acc_store
         beq     r1, r11, acc_mid
         fmov    d3, d0          ; FIRST: out = acc

@@ -16,35 +16,21 @@ import numpy as np
 
 from wse.firmware.timing_ops import BUSY, RECV, VEC, OpRows
 from wse.firmware.timing_ops import END as STOP
+from wse.firmware.training.timing import indexed_rows
 
 from .spgemm import W_COLOR, SpgemmPlan, _ring_colors, ring_routes, step_counts
 
-__all__ = ["timing_ops", "SETUP_CYCLES"]
+__all__ = ["timing_ops", "row_ops", "SETUP_CYCLES", "BUSY", "RECV", "VEC", "STOP"]
 
 #: Task selection and ``start``: 5 ld, 7 ldsd, 10 setb/setl, li r8, li, li, lui.
 SETUP_CYCLES = 1 + 5 * 2 + 7 * 2 + 10 + 4
 
 
-def _nz_block(T: int) -> np.ndarray:
-    """Four turns of the unrolled ``nz`` loop and its ``jmp``, ending with the ``jmp``'s BUSY."""
-    turn = [(RECV, W_COLOR, 0, 0, 0, 0), (BUSY, 2, 0, 0, 0, 0), (VEC, T, W_COLOR, -1, -1, T)]
-    return np.array(turn * 4 + [(BUSY, 1, 0, 0, 0, 0)], dtype=np.int64)
-
-
-def _later_nonzeros(ops: OpRows, m: int, T: int, block: np.ndarray) -> None:
-    """``m`` non-zeros after a feature's first: ``recv, blt, setb, fmacw`` each, a ``jmp`` every four."""
-    full, rest = divmod(m, 4)
-    rows = np.concatenate([np.tile(block, (full, 1)), block[:3 * rest]]) if m else block[:0]
-    if full and not rest:               # the jmp's BUSY closes the block: merge it with what follows
-        ops.block(rows[:-1])
-        ops.busy(1)
-    else:
-        ops.block(rows)
-
-
 def _ring(ops: OpRows, kind: str, T: int, c_in: int, c_out: int, *, after_nonzero: bool) -> None:
-    """The branches from the carriage return's ``blt`` on, the ring operation and ``jmp feature``."""
-    ops.busy(1)                                    # blt r1, r0 (taken)
+    """The branches after the carriage return (from the ``recv``'s ``blt r1, r0`` on a row without a
+    non-zero, from the ``fmacx``'s end after one), the ring operation and ``jmp feature``."""
+    if not after_nonzero:
+        ops.busy(1)                                # blt r1, r0 (taken)
     if kind in ("first", "mid"):
         ops.busy(2 if after_nonzero else 3)        # blt, beq (, beq)
         ops.op(VEC, T, c_in if kind == "mid" else -1, -1, c_out)
@@ -66,7 +52,7 @@ def row_ops(plan: SpgemmPlan, positions: np.ndarray, counts: np.ndarray, T: int,
     """The timing ops of a PE with ``T`` tokens on a row whose outputs, in
     stream order, have ring ``positions`` and ``counts`` non-zeros there."""
     height = plan.config.height
-    ops, block = OpRows(), _nz_block(T)
+    ops = OpRows()
     ops.busy(SETUP_CYCLES)
     for position, n in zip(positions.tolist(), counts.tolist()):
         ops.op(RECV, W_COLOR)
@@ -74,8 +60,7 @@ def row_ops(plan: SpgemmPlan, positions: np.ndarray, counts: np.ndarray, T: int,
             ops.busy(2)                            # blt, setb
             ops.op(RECV, W_COLOR)
             ops.busy(T + 1)                        # fmacs
-            _later_nonzeros(ops, n - 1, T, block)
-            ops.op(RECV, W_COLOR)                  # the carriage return
+            ops.block(indexed_rows(n - 1, T, W_COLOR, True))  # fmacx: the later pairs, the carriage return
         _ring(ops, _kind(position, height), T, c_in, c_out, after_nonzero=bool(n))
     ops.op(RECV, W_COLOR)                          # END
     ops.busy(3 + 1)                                # blt, blt, beq; exit

@@ -148,51 +148,81 @@ def indexed_rows(n: int, T: int, color: int, fabric_weights: bool) -> np.ndarray
 
 def _spgemm(ops: OpRows, f: dict, steps: list[int]) -> None:
     """``spgemm``: per step ``(count << 2) | kind`` of the record's table
-    (:data:`~.records.SPARSE_KINDS`); blocks of ``b`` steps, each the steps'
-    non-zeros (each step closed by a carriage return or a marker), then the block's ring operations."""
+    (:data:`~.records.SPARSE_KINDS`); blocks of ``b`` steps, each the non-zeros of its steps (each
+    step closed by a carriage return; a step without one on the row sends nothing) and a marker, then
+    the block's ring operations (a step without a non-zero: on the zero block, no slot)."""
     T, w, block = f["t"], _color(f["w"]), max(f["b"], 1)
     c_out, c_in = _color(f["out"]), _color(f["inp"])
     first, mid, last, _ = (rec.SPARSE_KINDS[k] for k in ("first", "mid", "last", "only"))
-    ops.busy(2 * 2 + 7 * 2 + 5 + 1)                       # 2 ld, 7 ldsd, 5 li, jmp
+    ops.busy(2 * 2 + 7 * 2 + 7 + 1)                       # 2 ld, 7 ldsd, 7 li, jmp
     for b0 in range(0, len(steps), block):
         codes = steps[b0:b0 + block]
         for code in codes:                                # the compute part
             n = code >> 2
-            ops.recv(w)                                   # the first index, or -2
             if n:
+                ops.recv(w)                               # the first index
                 ops.busy(2)                               # blt, setb
                 ops.recv(w)
                 ops.busy(T + 1)                           # fmacs (memory)
                 ops.block(indexed_rows(n - 1, T, w, True))  # fmacx: the other pairs, the carriage return
                 ops.busy(2)                               # jmp, addb
-            else:
-                ops.busy(2 + T + 1 + 2)                   # blt, bne; fmov (memory); jmp, addb
         ops.recv(w)                                       # -3: the ring part
-        ops.busy(4)                                       # blt, bne (taken), setb, jmp
+        ops.busy(3)                                       # blt (taken), setb, jmp
         for code in codes:                                # the ring part
             kind = code & 3
             ops.recv(w)                                   # the ring kind
-            if kind == mid:
-                ops.busy(1)                               # beq (taken)
-                ops.vec(T, in1=c_in, out=c_out)
-                ops.busy(1)                               # addb
-            elif kind == first:
-                ops.busy(2)
-                ops.recv(w)                               # the bias word
-                ops.vec(T, out=c_out)
-                ops.busy(2)                               # addb, jmp
-            elif kind == last:
-                ops.busy(3)
-                ops.vec(T, in1=c_in)
-                ops.busy(3)                               # addb, addb, jmp
-            else:                                         # only: the bias word, fadds to memory
-                ops.busy(4)
-                ops.recv(w)
-                ops.busy(T + 1 + 3)                       # fadds, addb, addb, jmp
+            if code >> 2:
+                _ring_op(ops, kind, T, w, c_in, c_out, (first, mid, last))
+            else:
+                _ring_op_zero(ops, kind, T, w, c_in, c_out, (first, mid, last))
         ops.recv(w)                                       # -5 or -6
-        ops.busy(4 + 1 + 1)                               # 3 beq, blt (taken), setb, beq
+        ops.busy(5 + 1 + 1)                               # beq, bge, 2 beq, blt (taken), setb, beq
         if b0 + block >= len(steps):
             ops.busy(1)                                   # jmp op_done
+
+
+def _ring_op(ops: OpRows, kind: int, T: int, w: int, c_in: int, c_out: int, kinds) -> None:
+    """A step's ring operation on its slot, from the kind's first test to ``jmp spr_step``."""
+    first, mid, last = kinds
+    if kind == mid:
+        ops.busy(1)                                       # beq (taken)
+        ops.vec(T, in1=c_in, out=c_out)
+        ops.busy(1)                                       # addb
+    elif kind == first:
+        ops.busy(3)                                       # beq, bge, beq (taken)
+        ops.recv(w)                                       # the bias word
+        ops.vec(T, out=c_out)
+        ops.busy(2)                                       # addb, jmp
+    elif kind == last:
+        ops.busy(4)
+        ops.vec(T, in1=c_in)
+        ops.busy(3)                                       # addb, addb, jmp
+    else:                                                 # only: the bias word, fadds to memory
+        ops.busy(5)
+        ops.recv(w)
+        ops.busy(T + 1 + 3)                               # fadds, addb, addb, jmp
+
+
+def _ring_op_zero(ops: OpRows, kind: int, T: int, w: int, c_in: int, c_out: int, kinds) -> None:
+    """An empty step's ring operation on the zero block (no slot), to ``jmp spr_step``."""
+    first, mid, last = kinds
+    if kind == mid:
+        ops.busy(3)                                       # beq, bge (taken), bne
+        ops.vec(T, in1=c_in, out=c_out)
+        ops.busy(1)                                       # jmp
+    elif kind == first:
+        ops.busy(4)                                       # beq, bge, bne, beq (taken)
+        ops.recv(w)
+        ops.vec(T, out=c_out)
+        ops.busy(1)
+    elif kind == last:
+        ops.busy(5)
+        ops.vec(T, in1=c_in)
+        ops.busy(2)                                       # addb, jmp
+    else:
+        ops.busy(5)
+        ops.recv(w)
+        ops.busy(T + 1 + 2)                               # fadds, addb, jmp
 
 
 def _rotate(ops: OpRows, f: dict, words_out: int, words_in: int, setup: int) -> None:

@@ -235,21 +235,24 @@ sgs_ring:
 ; spgemm: the sparse streamed GEMM of a masked layer (docs/weight_streaming.md
 ; section 13): sgemm's steps and ring, but the row's stream holds only the
 ; non-zeros of each output, as index/value pairs (the index is the address of
-; the feature's token block here), and the steps run in blocks: first every
-; step's partial of a block, each into its own slot of T words (so that a row
-; with more non-zeros in one step catches up in the next instead of holding
-; up the ring), then the block's ring operations, one per step in order.
-; Compute part, per step: the pairs, then a carriage return (a control
-; wavelet: the first pair starts the slot from the zero block, fmacx takes the
-; others and the carriage return); or -2 alone (a step without a non-zero
-; here: its slot is set to +0); -3 ends the part.
+; the feature's token block here), and the steps run in blocks: first the
+; partial of every step of a block with a non-zero on this row, each into the
+; next slot of T words (so that a row with more non-zeros in one step catches
+; up in the next instead of holding up the ring), then the block's ring
+; operations, one per step in order.
+; Compute part, per step with a non-zero here: the pairs, then a carriage
+; return (a control wavelet: the first pair starts the slot from the zero
+; block, fmacx takes the others and the carriage return); a step without one
+; sends nothing; -3 ends the part.
 ; Ring part, per step: -1 FIRST (a bias word follows: send add(acc, b)), -2
 ; MID (send add(in, acc)), -3 LAST (store add(in, acc) in the next y slot),
-; -4 ONLY (one row: a bias word follows, store add(acc, b)); then -5 (the
-; next block) or -6 (the end of the stream). No weight that is not there is
-; multiplied. The trailing table (steps) and the field b (steps per block)
-; describe the stream for the cycle model; this code does not read them.
-;   r3 T, r9 -5, r10 -4, r11 -1, r12 -2, r13 -3, r14 the first slot
+; -4 ONLY (one row: a bias word follows, store add(acc, b)), each on the next
+; slot; for a step without a non-zero here the same on the zero block and no
+; slot: 0 MID, 1 FIRST, 2 LAST, 3 ONLY; then -5 (the next block) or -6 (the
+; end of the stream). No weight that is not there is multiplied. The trailing
+; table (steps) and the field b (slots per block) describe the stream for the
+; cycle model; this code does not read them.
+;   r3 T, r4 1, r5 2, r9 -5, r10 -4, r11 -1, r12 -2, r13 -3, r14 the first slot
 spgemm:
         ld      r3, SP_T(r15)
         ld      r14, SP_ACC(r15)        ; the first slot (setb takes the low 16 bits)
@@ -260,6 +263,8 @@ spgemm:
         ldsd    d4, SP_W(r15)
         ldsd    d5, SP_ZERO(r15)
         ldsd    d6, SP_Y(r15)
+        li      r4, 1
+        li      r5, 2
         li      r9, -5
         li      r10, -4
         li      r11, -1
@@ -269,16 +274,12 @@ spgemm:
 spc_done:
         addb    d0, r3                  ; the next slot
 spc_step:
-        recv    r1, C_W                 ; the step's first index, or a marker
-        blt     r1, r0, spc_mark
+        recv    r1, C_W                 ; the step's first index, or -3
+        blt     r1, r0, spr_start
         setb    d1, r1
         recv    r8, C_W
         fmacs   d0, d5, d1, r8          ; acc = +0 + x[k] * w
         fmacx   d0, d1, d4, C_W, r0     ; acc += x[k] * w for every other pair, until the carriage return
-        jmp     spc_done
-spc_mark:
-        bne     r1, r12, spr_start      ; -3: the ring part
-        fmov    d0, d5                  ; -2: no non-zero here, the slot is +0
         jmp     spc_done
 spr_start:
         setb    d0, r14
@@ -289,6 +290,7 @@ spr_mid:
 spr_step:
         recv    r1, C_W                 ; the ring kind
         beq     r1, r12, spr_mid
+        bge     r1, r0, spz_step
         beq     r1, r11, spr_first
         beq     r1, r13, spr_last
         blt     r1, r10, spr_end
@@ -311,6 +313,25 @@ spr_end:
         setb    d0, r14
         beq     r1, r9, spc_step        ; -5: the next block
         jmp     op_done                 ; -6: the end of the stream
+spz_step:                               ; a step without a non-zero here: the zero block, no slot
+        bne     r1, r0, spz_other
+        fadd    d3, d2, d5              ; 0 MID: send add(in, +0)
+        jmp     spr_step
+spz_other:
+        beq     r1, r4, spz_first
+        beq     r1, r5, spz_last
+        recv    r8, C_W                 ; 3 ONLY
+        fadds   d6, d5, r8
+        addb    d6, r3
+        jmp     spr_step
+spz_first:
+        recv    r8, C_W
+        fadds   d3, d5, r8              ; 1 FIRST: send add(+0, b)
+        jmp     spr_step
+spz_last:
+        fadd    d6, d2, d5              ; 2 LAST: store add(in, +0)
+        addb    d6, r3
+        jmp     spr_step
 
 ; ---------------------------------------------------------------------------
 ; wgrad: weight (and bias) gradients of one layer.

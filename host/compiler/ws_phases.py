@@ -134,9 +134,13 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
 
 
 #: The marker words of a sparse stream (``train.s``'s ``spgemm``), as the pool holds them after +0 and -0:
-#: in the compute part -1 the carriage return after a step's pairs, -2 an empty step, -3 the ring part;
-#: in the ring part -1 FIRST, -2 MID, -3 LAST, -4 ONLY, -5 the next block, -6 the end of the stream.
-_MARKS = (-1, -2, -3, -4, -5, -6)
+#: in the compute part -1 the carriage return after a step's pairs, -3 the ring part; in the ring part
+#: -1 FIRST, -2 MID, -3 LAST, -4 ONLY on the step's slot, 1, 0, 2, 3 the same for a step without a
+#: non-zero on the row (on the zero block), -5 the next block, -6 the end of the stream.
+_MARKS = (-1, -2, -3, -4, -5, -6, 0, 1, 2, 3)
+#: The ring part's marker of each :data:`~wse.firmware.training.records.SPARSE_KINDS` code: a step with
+#: a non-zero on the row, one without.
+_RING_MARKS = ((-1, -2, -3, -4), (1, 0, 2, 3))
 
 #: Scratch regions that follow ``acc`` in the memory map; the sparse GEMM's slots use the run of them.
 _SLOT_REGIONS = ("acc", "tmp", "g", "buf0", "buf1")
@@ -152,13 +156,13 @@ def sparse_slots(ctx: Context, T: int) -> tuple[int, int]:
 def _spgemm_stream(kept: np.ndarray, out: np.ndarray, kinds: np.ndarray, weight_index, bias_index,
                    block: int, w0: int) -> tuple[np.ndarray, np.ndarray]:
     """``(gather, ctrl)`` of one row's sparse stream: per block of ``block`` steps, the steps'
-    index/value pairs and a carriage return (-1; -2 alone for a step without any), -3, then each step's
-    ring kind (and bias word for FIRST and ONLY), then -5, or -6 after the last block. The pool
-    holds the markers from ``w0`` on and the feature addresses after them."""
+    index/value pairs and a carriage return (-1; nothing for a step without any), -3, then each step's
+    ring kind (:data:`_RING_MARKS`; and bias word for FIRST and ONLY), then -5, or -6 after the last
+    block. The pool holds the markers from ``w0`` on and the feature addresses after them."""
     gather, ctrl = [], []
 
     def mark(code):
-        gather.append(np.array([w0 - code - 1], dtype=np.int64))
+        gather.append(np.array([w0 + _MARKS.index(code)], dtype=np.int64))
         ctrl.append(np.ones(1, np.uint8))
 
     first, only = rec.SPARSE_KINDS["first"], rec.SPARSE_KINDS["only"]
@@ -173,11 +177,9 @@ def _spgemm_stream(kept: np.ndarray, out: np.ndarray, kinds: np.ndarray, weight_
                 gather.append(pairs)
                 ctrl.append(np.zeros(len(pairs), np.uint8))
                 mark(-1)                                    # the carriage return: fmacx stops at it
-            else:
-                mark(-2)
         mark(-3)
         for s in steps:
-            mark(-(int(kinds[s]) + 1))
+            mark(_RING_MARKS[not kept[s].any()][int(kinds[s])])
             if kinds[s] in (first, only):
                 gather.append(np.array([bias_index(out[s])], dtype=np.int64))
                 ctrl.append(np.zeros(1, np.uint8))
