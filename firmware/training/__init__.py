@@ -20,7 +20,7 @@ from . import numerics, records
 
 __all__ = ["training_program", "SOURCE", "T_RUN", "C_W"]
 
-#: The program's source file.
+#: The program's source file (it includes ``train_sparse.s``, the records ``spgemm`` and ``spwgrad``).
 SOURCE = Path(__file__).resolve().parent / "train.s"
 #: The local task that runs a phase's op list.
 T_RUN = 0
