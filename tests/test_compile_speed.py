@@ -8,6 +8,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from wse.config import FabricConfig, Port
@@ -319,3 +321,79 @@ def test_the_fast_engine_counts_the_sparse_gemm_and_the_layer_pipeline_as_the_re
     counts = pipelined_cycles.phase_cycles(layered)
     monkeypatch.setattr(engine, "DEFAULT_ENGINE", "reference")
     assert counts == pipelined_cycles.phase_cycles(layered)
+
+
+# Closing private cycles (cycles.closing_cycles): phases equal but for them share one replay -----
+
+@pytest.mark.parametrize("mesh,sizes,batch", MESHES, ids=[f"{m[0]}x{m[1]}-b{b}" for m, _, b in MESHES])
+def test_a_count_from_the_replay_without_closing_cycles_equals_the_full_replay(mesh, sizes, batch):
+    """Every phase's count from the replay of its inputs without the closing private cycles
+    (and each PE's last cycle there) equals the full replay of the phase as it is."""
+    from wse.host.compiler.cycles import ReplayMemo, closing_cycles
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])),
+                    FabricConfig(width=mesh[0], height=mesh[1]), batch)
+    network = Network(exe_plan.config, exe_plan.routes)
+    memo, closed = ReplayMemo(), 0
+    for name, phase in exe_plan.phases.items():
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        open_ops, closing = closing_cycles(ops, starts, ends)
+        closed += int((closing > 0).sum())
+        assert (open_ops[:, 0] == ops[:, 0]).all() and int((ops[:, 1] - open_ops[:, 1]).sum()) >= closing.max()
+        assert memo.cycles(network, ops, starts, ends, inject) == _full(network, ops, starts, ends, inject), name
+    assert closed > 0
+
+
+def test_the_forward_and_input_gradient_gemms_of_a_square_layer_share_one_replay():
+    """``fwd`` and ``bwd-data`` of a square hidden layer differ only in what follows the GEMM
+    (relu and transpose, or mask): one replay, and each count is the full replay's."""
+    from wse.host.compiler.cycles import ReplayMemo
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(5, 30, 30, 3), torch.randn(6, 5)), FabricConfig(width=3, height=2), 6)
+    network = Network(exe_plan.config, exe_plan.routes)
+    memo, counts = ReplayMemo(), {}
+    for name in ("fwd 2", "bwd-data 2"):
+        phase = exe_plan.phases[name]
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        counts[name] = memo.cycles(network, ops, starts, ends, phase_injections(phase))
+        assert counts[name] == _full(network, ops, starts, ends, phase_injections(phase)), name
+    assert memo.hits == 1 and counts["fwd 2"] != counts["bwd-data 2"]
+
+
+def _with_closing(ops, starts, ends, rng):
+    """The op rows with every distinct op list's closing BUSY cycles changed at random (some to 0)."""
+    from wse.host.compiler.cycles import closing_cycles
+    from wse.firmware.training.timing import BUSY
+    changed = ops.copy()
+    for start, end in set(zip(starts.tolist(), ends.tolist())):
+        k = end - 2
+        while k >= start and changed[k, 0] == BUSY:
+            changed[k, 1] = int(rng.integers(0, 3)) * int(rng.integers(0, 400))
+            k -= 1
+    assert not np.array_equal(closing_cycles(changed, starts, ends)[1], closing_cycles(ops, starts, ends)[1])
+    return changed
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 3), st.integers(0, 2**31))
+def test_closing_cycles_of_any_length_give_the_full_replay_count(case, seed):
+    """Phases whose closing cycles differ at random share the memo's one replay, and each count
+    equals the full replay of that phase (the rule of closing_cycles, checked, not assumed)."""
+    from wse.host.compiler.cycles import ReplayMemo
+    mesh, sizes, batch = [MESHES[1], MESHES[3], MESHES[4], ((3, 3), (7, 27, 11, 4), 8)][case]
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])),
+                    FabricConfig(width=mesh[0], height=mesh[1]), batch)
+    network = Network(exe_plan.config, exe_plan.routes)
+    memo = ReplayMemo()
+    for name in [n for n in exe_plan.phases if n.startswith(("fwd", "bwd-data"))][:2]:
+        phase = exe_plan.phases[name]
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        memo.cycles(network, ops, starts, ends, inject)
+        hits = memo.hits
+        changed = _with_closing(ops, starts, ends, rng)
+        assert memo.cycles(network, changed, starts, ends, inject) == _full(network, changed, starts, ends, inject)
+        assert memo.hits == hits + 1, name

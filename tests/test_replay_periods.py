@@ -1,9 +1,10 @@
 """The cycle model's fast paths against the reference replay (every cycle,
 every router and PE visited): skipped periods over random shapes; a repeat
 taken the moment its state comes back (the kept states of
-:class:`~wse.host.compiler.replay_periods._History`); runs that change
-engine at any stop (:mod:`~wse.host.compiler.replay_adaptive`); phases
-replayed on several threads. The same counts every time.
+:class:`~wse.host.compiler.replay_periods._History`); a state seen before
+jumping to the state that followed it (:class:`~wse.host.compiler.replay_periods._Transitions`);
+runs that change engine at any stop (:mod:`~wse.host.compiler.replay_adaptive`);
+phases replayed on several threads. The same counts every time.
 """
 
 import numpy as np
@@ -70,7 +71,7 @@ def test_a_repeat_is_skipped_when_its_state_comes_back(monkeypatch):
 def test_kept_states_stay_within_their_budget():
     history = replay_periods._History(budget=1000)
     snap = {"rel": {"fifo": np.zeros(100, dtype=np.int32)}, "pc": np.zeros(10, dtype=np.int64),
-            "left": np.zeros(5, dtype=np.int64)}
+            "left": np.zeros(5, dtype=np.int64), "free_all": np.zeros(10, dtype=np.int64)}
     for t in range(10):
         history.add(t % 3, dict(snap, t=t))
     kept = [entry for entries in history.by_key.values() for entry in entries if entry[1] is not None]
@@ -116,3 +117,60 @@ def test_phases_replayed_on_threads_count_as_one_at_a_time():
     assert threaded == cycles.phase_cycles(exe_plan, progress=False, reuse=False, workers=1)
     assert threaded == cycles.phase_cycles(exe_plan, progress=False, reuse=False, periods=False, engine="reference")
     assert list(threaded) == list(exe_plan.phases)
+
+
+def test_a_state_seen_before_jumps_to_the_state_that_followed_it(monkeypatch):
+    """Transitions (a stop's state to the next stop's): a state equal to an earlier one goes on
+    at once the way it went, on square, one-row and one-column meshes and uneven token blocks,
+    with the reference's counts; and every jump is checked (a replay without them counts the same)."""
+    jumped = []
+    real = replay_periods._jump
+
+    def spy(*args):
+        done = real(*args)
+        jumped.append(done)
+        return done
+    monkeypatch.setattr(replay_periods, "_jump", spy)
+    cases = [((3, 2), (5, 60, 4), 6), ((4, 1), (5, 48, 3), 9), ((1, 3), (4, 45, 3), 5), ((3, 3), (6, 63, 63, 4), 7)]
+    counts = {}
+    for mesh, sizes, batch in cases:
+        for name, network, inputs in _phases(mesh, sizes, batch):
+            counts[mesh, name] = replay(network, *inputs)
+            assert counts[mesh, name] == replay(network, *inputs, periods=False, engine="reference"), (mesh, name)
+    assert any(jumped), "no state jumped to its successor"
+    monkeypatch.setattr(replay_periods, "_jump", lambda *args: False)
+    assert counts == {(mesh, name): replay(network, *inputs) for mesh, sizes, batch in cases
+                      for name, network, inputs in _phases(mesh, sizes, batch)}
+
+
+def test_kept_transitions_stay_within_their_budget():
+    transitions = replay_periods._Transitions(budget=1500)
+    snaps = [{"rel": {"fifo": np.zeros(100, dtype=np.int32)}, "pc": np.zeros(10, dtype=np.int64),
+              "left": np.zeros(5, dtype=np.int64), "free_all": np.zeros(10, dtype=np.int64), "t": t}
+             for t in range(6)]
+    for t in range(5):
+        transitions.add(t % 2, snaps[t], snaps[t + 1])
+    assert transitions.bytes <= 1500 and len(transitions.order) == 2
+    assert [a["t"] for a, _ in transitions.earlier(0)] == [4] and [a["t"] for a, _ in transitions.earlier(1)] == [3]
+
+
+@st.composite
+def _deeper_shapes(draw):
+    width, height = draw(st.integers(2, 6)), draw(st.integers(2, 6))
+    hidden = draw(st.integers(8, 24)) * height           # many rounds: skips, then transitions
+    sizes = (draw(st.integers(2, 12)), hidden, hidden, draw(st.integers(2, 12)))
+    batch = draw(st.integers(1, 8 * width))
+    depths = draw(st.sampled_from([{}, {"router_depth": 1, "rx_depth": 1, "tx_depth": 2}, {"colors": 7},
+                                   {"colors": 9}]))
+    return (width, height), sizes, batch, depths
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_deeper_shapes())
+def test_skips_and_jumps_equal_the_reference_replay_on_random_deeper_shapes(shape):
+    """Two hidden layers of many rounds on meshes up to 6x6, other queue depths and color
+    counts: skips and transitions (a jump is taken at about one stop in fifteen) give the
+    reference replay's count in every phase."""
+    mesh, sizes, batch, depths = shape
+    for name, network, inputs in _phases(mesh, sizes, batch, **depths):
+        assert replay(network, *inputs) == replay(network, *inputs, periods=False, engine="reference"), (shape, name)

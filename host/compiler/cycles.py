@@ -23,9 +23,16 @@ The replay is a deterministic function of its inputs (route tables, queue
 depths, every PE's op rows, the edge ports' injections), so a phase whose
 inputs equal an earlier phase's, byte for byte, has its cycles: the hidden
 layers of an MLP of equal widths share their ``fwd``, ``bwd-data`` and
-``bwd-weight`` replays. :class:`ReplayMemo` keeps those results (keyed by a
-digest of the inputs and compared in full on a hit, so a digest collision
-cannot change a count); ``reuse=False`` replays every phase.
+``bwd-weight`` replays. Nor do a PE's closing private cycles (the ``BUSY``
+rows between its last fabric op and ``END``: the ``relu`` and ``transpose``
+after a forward GEMM, the ``mask`` after an input-gradient GEMM) change
+anything on the fabric: only when that PE ends. So phases equal but for
+them share one replay too (:func:`closing_cycles`): the replay of the
+phase without them gives every PE's last cycle, and each phase's count
+follows from those and its own closing cycles. :class:`ReplayMemo` keeps
+those results (keyed by a digest of the inputs and compared in full on a
+hit, so a digest collision cannot change a count); ``reuse=False`` replays
+every phase as it is.
 """
 
 from __future__ import annotations
@@ -40,10 +47,51 @@ import numpy as np
 from wse.firmware.image import Program
 from wse.firmware.training import timing
 
-from .replay import Network, replay
+from .replay import Network, replay, run_replay
 
 __all__ = ["phase_cycles", "executable_cycles", "op_table", "with_end", "phase_ops", "executable_phase_ops",
-           "phase_injections", "replay", "Network", "ReplayMemo", "MEMO"]
+           "phase_injections", "replay", "Network", "ReplayMemo", "MEMO", "closing_cycles"]
+
+
+def closing_cycles(ops: np.ndarray, starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """``(open_ops, closing)``: the op rows with every PE's closing private cycles
+    taken out (the ``BUSY`` rows between its last fabric op and ``END`` set to 0
+    cycles, in a copy) and those cycles per PE.
+
+    **Rule.** A PE in its closing ``BUSY`` rows neither takes nor sends a
+    wavelet: the replay marks it done when it reaches them (``BUSY`` only moves
+    its ``free_at`` on, and ``END`` follows at once), so every other PE, queue
+    and router, and the idle skip (which passes over done PEs), run the same
+    with or without them; only that PE's last cycle moves, by its closing
+    cycles. So if the replay of ``open_ops`` takes ``C0`` cycles and PE ``p``
+    ran until ``x_p`` in it, the phase takes ``max(C0 - 1, max_p(x_p +
+    closing_p)) + 1`` (:meth:`ReplayMemo.finish`; ``C0 - 1`` is the last cycle
+    with a move or an exit). Where op ranges overlap (no :func:`op_table`
+    does that) nothing is taken out."""
+    ops = np.ascontiguousarray(ops, dtype=np.int64)
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    closing = np.zeros(starts.shape[0], dtype=np.int64)
+    ranges = sorted(set(zip(starts.tolist(), ends.tolist())))
+    if any(b[0] < a[1] for a, b in zip(ranges, ranges[1:])) or not ranges:
+        return ops, closing
+    open_ops, per_range = ops.copy(), {}
+    for start, end in ranges:
+        total, k = 0, end - 2
+        if end - 1 >= start and ops[end - 1, 0] == timing.END:
+            while k >= start and ops[k, 0] == timing.BUSY:
+                total += int(ops[k, 1])
+                open_ops[k, 1] = 0
+                k -= 1
+        per_range[start, end] = total
+    for p, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+        closing[p] = per_range[start, end]
+    return open_ops, closing
+
+
+def _replay_exits(network: Network, ops, starts, ends, inject, *, periods: bool, engine: str | None):
+    """``(cycles, last cycle of each PE)`` of one replay (:func:`.replay.run_replay`)."""
+    count, cores = run_replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
+    return count, cores.free_at - 1
 
 
 class ReplayMemo:
@@ -52,9 +100,13 @@ class ReplayMemo:
     :meth:`cycles` returns the replay's count for ``(network, ops, starts,
     ends, inject)``: the stored one when the same inputs were replayed
     before (the last ``size`` distinct inputs are kept), else a new replay's.
-    The key is a digest of the route tables, queue depths, op rows, each
-    PE's op range and the injections; a hit also compares the stored inputs
-    in full, so two different phases never share a count.
+    The inputs are taken without the PEs' closing private cycles
+    (:func:`closing_cycles`): the stored result is the count and every PE's
+    last cycle of that replay, and a phase's count follows from them and its
+    own closing cycles (:meth:`finish`). The key is a digest of the route
+    tables, queue depths, op rows, each PE's op range and the injections; a
+    hit also compares the stored inputs in full, so two different phases
+    never share a count.
     """
 
     def __init__(self, size: int = 32):
@@ -73,29 +125,43 @@ class ReplayMemo:
         return (*tables, depths, np.ascontiguousarray(ops, dtype=np.int64), np.asarray(starts, dtype=np.int64),
                 np.asarray(ends, dtype=np.int64), feed)
 
-    def key(self, network: Network, ops, starts, ends, inject: dict) -> tuple[bytes, tuple]:
-        """``(digest, inputs)`` of a replay's inputs: what :meth:`get` and :meth:`put` take."""
-        inputs = self._inputs(network, ops, starts, ends, inject)
+    def key(self, network: Network, ops, starts, ends, inject: dict) -> tuple:
+        """``(digest, inputs, closing, open_ops)`` of a replay's inputs without the closing
+        cycles (:func:`closing_cycles`): what :meth:`get`, :meth:`put` and :meth:`finish` take;
+        ``open_ops`` are the op rows to replay."""
+        open_ops, closing = closing_cycles(ops, starts, ends)
+        inputs = self._inputs(network, open_ops, starts, ends, inject)
         digest = hashlib.blake2b(digest_size=16)
         for a in inputs:
             digest.update(np.array(a.shape, dtype=np.int64).tobytes())
             digest.update(a.tobytes())
-        return digest.digest(), inputs
+        return digest.digest(), inputs, closing, open_ops
 
-    def get(self, key: tuple[bytes, tuple]) -> int | None:
-        """The stored count of these inputs (compared in full), or None."""
-        digest, inputs = key
+    @staticmethod
+    def finish(result: tuple[int, np.ndarray], key: tuple) -> int:
+        """The count of the phase of ``key`` from the replay ``result`` of its inputs without
+        the closing cycles (``(cycles, every PE's last cycle)``; :func:`closing_cycles`)."""
+        count, exits = result
+        closing = key[2]
+        if closing.shape[0] == 0:
+            return int(count)
+        return max(int(count) - 1, int((exits + closing).max())) + 1
+
+    def get(self, key: tuple) -> int | None:
+        """The count of these inputs from a stored replay (its inputs compared in full), or None."""
+        digest, inputs = key[:2]
         stored = self._store.get(digest)
         if stored is not None and all(x.shape == y.shape and np.array_equal(x, y)
                                       for x, y in zip(stored[0], inputs)):
             self._store.move_to_end(digest)
             self.hits += 1
-            return stored[1]
+            return self.finish(stored[1], key)
         return None
 
-    def put(self, key: tuple[bytes, tuple], result: int) -> None:
-        """Store the count of these inputs (the oldest of more than ``size`` goes)."""
-        digest, inputs = key
+    def put(self, key: tuple, result: tuple[int, np.ndarray]) -> None:
+        """Store the replay ``result`` (``(cycles, every PE's last cycle)``) of these inputs
+        (the oldest of more than ``size`` goes)."""
+        digest, inputs = key[:2]
         self._store[digest] = (inputs, result)
         while len(self._store) > self.size:
             self._store.popitem(last=False)
@@ -106,8 +172,9 @@ class ReplayMemo:
         key = self.key(network, ops, starts, ends, inject)
         result = self.get(key)
         if result is None:
-            result = replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
-            self.put(key, result)
+            stored = _replay_exits(network, key[3], starts, ends, inject, periods=periods, engine=engine)
+            self.put(key, stored)
+            result = self.finish(stored, key)
         return result
 
 
@@ -134,27 +201,31 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
 
     out, todo, names = {}, {}, {}
     for name, (ops, starts, ends), inject in phases:
-        key = MEMO.key(network, ops, starts, ends, inject) if reuse else (name.encode(), ())
-        hit = MEMO.get(key) if reuse else None
-        if hit is not None:
-            out[name] = hit
-            continue
-        names.setdefault(key[0], []).append(name)
-        todo.setdefault(key[0], (key, (network, ops, starts, ends, inject)))
+        if reuse:           # the inputs without the closing cycles (closing_cycles), shared where equal
+            key = MEMO.key(network, ops, starts, ends, inject)
+            hit = MEMO.get(key)
+            if hit is not None:
+                out[name] = hit
+                continue
+            digest, replayed = key[0], key[3]
+        else:               # every phase replayed as it is
+            key, digest, replayed = None, name, ops
+        names.setdefault(digest, []).append((name, key))
+        todo.setdefault(digest, (key, (network, replayed, starts, ends, inject)))
     total = len(out) + sum(len(n) for n in names.values())
     with Progress("cycle model", total, enabled=progress) as bar, \
             ThreadPoolExecutor(_workers(len(todo), workers)) as pool:
         for name in out:
             bar.step(name)
-        running = {pool.submit(replay, *args, periods=periods, engine=engine): digest
+        running = {pool.submit(_replay_exits, *args, periods=periods, engine=engine): digest
                    for digest, (_, args) in todo.items()}
         for done in as_completed(running):
             digest = running[done]
             result = done.result()
             if reuse:
                 MEMO.put(todo[digest][0], result)
-            for name in names[digest]:
-                out[name] = result
+            for name, key in names[digest]:
+                out[name] = MEMO.finish(result, key) if reuse else int(result[0])
                 bar.step(name)
     return {name: out[name] for name, _, _ in phases}
 
@@ -213,9 +284,10 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
 
     ``periods`` lets the replay skip proven repeats (:mod:`.replay_periods`;
     the counts are the same either way); ``reuse`` takes the count of a phase
-    whose replay inputs equal an earlier one's from :data:`MEMO` (same counts;
-    ``False`` replays every phase: the reference path with ``periods=False``
-    and ``engine="reference"``); ``engine`` picks the replay's cycle loop
+    whose replay inputs equal an earlier one's, but for the PEs' closing
+    private cycles (:func:`closing_cycles`), from :data:`MEMO` (same counts;
+    ``False`` replays every phase as it is: the reference path with
+    ``periods=False`` and ``engine="reference"``); ``engine`` picks the replay's cycle loop
     (:data:`~.replay.ENGINES`; the same counts); the distinct replays run on
     ``workers`` threads (one per CPU by default; the same counts);
     ``progress`` reports the phases on stderr when the model takes more than a

@@ -33,16 +33,15 @@ The replay is compiled (numba). This module's :func:`_run` is the reference
 engine, which visits every router and PE every cycle; :mod:`.replay_events`
 is the default engine, which visits only who can act and takes the same
 decisions (:data:`ENGINES`). Its state is grouped in named tuples of
-arrays: :class:`Routes` (read-only tables, :mod:`.network`),
-:class:`EdgePorts`, :class:`Queues`, :class:`Cores` and :class:`Events` (one
-cycle's decisions). A run can stop (when a watched PE reaches an op row) and
-go on, which :mod:`.replay_periods` uses to skip proven repeats; steps 1 and
-2 count the grants that depended on the color rotation (conflicts).
+arrays: :class:`Routes` (read-only tables, :mod:`.network`, which both engines
+read packed, :func:`pack_routes`), :class:`EdgePorts`, :class:`Queues`,
+:class:`Cores` and :class:`Events` (one cycle's decisions; :mod:`.replay_state`).
+A run can stop (when a watched PE reaches an op row) and go on, which
+:mod:`.replay_periods` uses to skip proven repeats; steps 1 and 2 count the
+grants that depended on the color rotation (conflicts).
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -51,145 +50,117 @@ from wse.config import Port
 from wse.firmware.training.timing import BUSY, END, RECV
 
 from .network import TO_EDGE, TO_PE, TO_ROUTER, Network, Routes
+from .replay_state import (  # noqa: F401 (the replay's state, known here by the engines and tests)
+    _OUT_OF_TIME, _DEADLOCK, _GRANT, _INJECT, _TX_MOVE, _POP, _ISSUE, _WRITE, _EVENT_KINDS, EdgePorts, Queues,
+    Cores, Events, _record, _new_state, _T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS,
+    _FINISHED, _STOPPED, _new_scalars, _edge_ports)
 
-__all__ = ["Network", "Routes", "replay", "ENGINES", "TO_ROUTER", "TO_PE", "TO_EDGE"]
+__all__ = ["Network", "Routes", "replay", "run_replay", "pack_routes", "ENGINES", "TO_ROUTER", "TO_PE", "TO_EDGE"]
 
 _RAMP = int(Port.RAMP)
-
-# Results of the jitted replay below 0: it hung.
-_OUT_OF_TIME, _DEADLOCK = -1, -2
-
-# Kinds of events, rows of Events.who / Events.color.
-_GRANT = 0       # router ``who`` forwards the head of its FIFO ``color``
-_INJECT = 1      # edge port ``who`` injects a wavelet of ``color``
-_TX_MOVE = 2     # the head of PE ``who``'s output queue enters its router
-_POP = 3         # PE ``who`` pops its input queue ``color``
-_ISSUE = 4       # PE ``who`` issues a vector element for the fabric, of ``color``
-_WRITE = 5       # ... issued last cycle: it enters the output queue this cycle
-_EVENT_KINDS = 6
-
-
-class EdgePorts(NamedTuple):
-    """The edge ports that inject wavelets: port ``p`` enters boundary router
-    ``router[p]`` through port ``code[p]`` and has ``left[p, c]`` wavelets of
-    color ``c`` left to inject, ``left_total[p]`` in all."""
-
-    router: np.ndarray
-    code: np.ndarray
-    left: np.ndarray
-    left_total: np.ndarray
-
-
-class Queues(NamedTuple):
-    """Occupancy of the fabric's queues.
-
-    ``router_fifo[r, c]``: wavelets in router ``r``'s FIFO of color ``c``;
-    ``busy_fifos[r]``: its non-empty FIFOs (a router with none is skipped);
-    ``rx[p, c]``: wavelets in PE ``p``'s input queue ``c``; the output queue
-    of PE ``p`` is a ring of colors, ``tx_colors[p]``, holding
-    ``tx_count[p]`` wavelets from index ``tx_head[p]``.
-    """
-
-    router_fifo: np.ndarray
-    busy_fifos: np.ndarray
-    rx: np.ndarray
-    tx_colors: np.ndarray
-    tx_head: np.ndarray
-    tx_count: np.ndarray
-
-
-class Cores(NamedTuple):
-    """Each PE's progress through its timing ops.
-
-    ``pc[p]``: the op row PE ``p`` is at; ``free_at[p]``: the first cycle it
-    can go on; ``vector_index[p]``: the elements of its current vector
-    instruction done; ``written_at[p]``: the cycle its last fabric-bound
-    element enters the output queue; ``done[p]``: it reached ``END``;
-    ``waited_at[p]``: the last cycle it waited for the fabric.
-    """
-
-    pc: np.ndarray
-    free_at: np.ndarray
-    vector_index: np.ndarray
-    written_at: np.ndarray
-    done: np.ndarray
-    waited_at: np.ndarray
-
-
-class Events(NamedTuple):
-    """The decisions of one cycle, applied at its end: ``count[kind]`` events
-    of each kind (``_GRANT`` ... ``_WRITE``), the ``i``-th on router, port or
-    PE ``who[kind, i]`` and color ``color[kind, i]``."""
-
-    count: np.ndarray
-    who: np.ndarray
-    color: np.ndarray
-
-
-@njit(cache=True)
-def _record(events, kind, who, color):
-    """Append an event of ``kind``."""
-    count, whos, colors = events.count, events.who, events.color
-    i = count[kind]
-    whos[kind, i] = who
-    colors[kind, i] = color
-    count[kind] = i + 1
 
 
 # ---------------------------------------------------------------- decisions (start-of-cycle state)
 # Speed: numba passes the named tuples to these functions for free as long as
 # a function's arrays need no reference counting, which holds for a loop over
 # routers, PEs or events and for the tiny per-event helpers (_record,
-# _push_fifo, _targets_ready). A small function called per PE that returns
+# _push_fifo, _ready). A small function called per PE that returns
 # from several places while it holds arrays (or calls min/max) makes numba
 # count references on every call and the replay several times slower: the
 # PE's instruction stream is therefore one loop, _step_pes.
 
-@njit(cache=True)
-def _targets_ready(routes, queues, r, c):
+# Fields of a packed route row (pack_routes); a target kind that can never accept (beside network.TO_*).
+_N, _MASK, _UP, _TARGETS = 0, 1, 2, 4
+_NEVER = 3
+
+
+def pack_routes(routes: Routes) -> np.ndarray:
+    """The routes packed one 64-byte row per router and color (most of a busy
+    cycle's time goes to memory): ``[r, c, _N]`` targets, ``_MASK`` the output
+    ports, ``_UP`` -2 (:mod:`.replay_events` writes the upstream there), and
+    from ``_TARGETS`` a (kind, index) pair per target. A neighbour router whose
+    route does not take the color from this link can never accept it: its kind
+    is ``_NEVER``, marked once instead of checked every cycle."""
+    routers, colors = routes.input_port.shape
+    table = np.zeros((routers, colors, 16), dtype=np.int32)
+    table[:, :, _N] = routes.n_targets
+    table[:, :, _MASK] = routes.output_mask
+    table[:, :, _UP] = -2
+    kind = routes.target_kind.copy()
+    c_index = np.broadcast_to(np.arange(colors)[None, :, None], kind.shape)
+    accepts = routes.input_port[routes.target, c_index] == routes.target_port
+    kind[(kind == TO_ROUTER) & ~accepts] = _NEVER
+    width = 2 * kind.shape[2]
+    table[:, :, _TARGETS:_TARGETS + width:2] = kind
+    table[:, :, _TARGETS + 1:_TARGETS + width:2] = routes.target
+    return table
+
+
+@njit(cache=True, inline="always")
+def _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
     """Every target of router ``r``'s route of color ``c`` accepts a wavelet (atomic multicast)."""
-    input_port, target_kind, target, target_port = routes.input_port, routes.target_kind, routes.target, \
-        routes.target_port
-    router_fifo, rx = queues.router_fifo, queues.rx
-    for k in range(routes.n_targets[r, c]):
-        kind = target_kind[r, c, k]
-        to = target[r, c, k]
+    for k in range(table[r, c, _N]):
+        kind = table[r, c, _TARGETS + 2 * k]
+        to = table[r, c, _TARGETS + 2 * k + 1]
         if kind == TO_ROUTER:
-            if input_port[to, c] != target_port[r, c, k] or router_fifo[to, c] >= routes.router_depth:
+            if router_fifo[to, c] >= router_depth:
                 return False
         elif kind == TO_PE:
-            if rx[to, c] >= routes.rx_depth:
+            if rx[to, c] >= rx_depth:
                 return False
+        elif kind == _NEVER:
+            return False
     return True
 
 
+# The bit index of a power of two b < 2**32 (de Bruijn): _LOW_BIT[(b * _DE_BRUIJN >> 27) & 31].
+_DE_BRUIJN = 0x077CB531
+_LOW_BIT = np.zeros(32, dtype=np.int64)
+_LOW_BIT[((1 << np.arange(32, dtype=np.int64)) * _DE_BRUIJN >> 27) & 31] = np.arange(32)
+
+
+@njit(cache=True, inline="always")
+def _rotated_colors(busy, first_color, colors):
+    """The bit mask ``busy`` of colors rotated so that bit ``q`` is color ``(first_color + q) mod
+    colors``: its set bits, lowest first (:func:`_low_color`), are its colors in rotating priority."""
+    return (busy >> first_color) | ((busy & ((1 << first_color) - 1)) << (colors - first_color))
+
+
+@njit(cache=True, inline="always")
+def _low_color(rotated, first_color, colors):
+    """The color of the lowest set bit of a :func:`_rotated_colors` mask."""
+    c = first_color + _LOW_BIT[(((rotated & -rotated) * _DE_BRUIJN) >> 27) & 31]
+    return c - colors if c >= colors else c
+
+
 @njit(cache=True)
-def _grant_routers(routes, queues, first_color, events):
-    """Step 1: each router's grants, colors in rotating priority from ``first_color``.
+def _grant_routers(routes, table, queues, first_color, events):
+    """Step 1: each router's grants, colors in rotating priority from ``first_color``
+    (``table``: :func:`pack_routes`).
 
     Returns the conflicts: colors that could go but were held back by a
     color granted before them on a shared port (with none, the grants do not
     depend on the rotation)."""
-    output_mask = routes.output_mask
-    router_fifo, busy_fifos = queues.router_fifo, queues.busy_fifos
+    router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
+    router_depth, rx_depth = routes.router_depth, routes.rx_depth
     routers, colors = router_fifo.shape
     conflicts = 0
     for r in range(routers):
         if busy_fifos[r] == 0:
             continue
         ports_used = 0
-        for q in range(colors):
-            c = (first_color + q) % colors
-            if router_fifo[r, c] == 0:
-                continue
-            mask = output_mask[r, c]
+        rotated = _rotated_colors(busy_fifos[r], first_color, colors)
+        while rotated != 0:
+            c = _low_color(rotated, first_color, colors)
+            rotated &= rotated - 1
+            mask = table[r, c, _MASK]
             if mask == 0:
                 continue
             if (mask & ports_used) != 0:
-                if _targets_ready(routes, queues, r, c):
+                if _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
                     conflicts += 1
                 continue
-            if _targets_ready(routes, queues, r, c):
+            if _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
                 ports_used |= mask
                 _record(events, _GRANT, r, c)
     return conflicts
@@ -332,7 +303,7 @@ def _push_fifo(queues, r, c):
     """One wavelet into router ``r``'s FIFO ``c``; 1 if the FIFO was empty."""
     was_empty = queues.router_fifo[r, c] == 0
     if was_empty:
-        queues.busy_fifos[r] += 1
+        queues.busy_fifos[r] |= 1 << c
     queues.router_fifo[r, c] += 1
     return 1 if was_empty else 0
 
@@ -349,7 +320,7 @@ def _apply_grants(routes, queues, events):
         c = color[_GRANT, g]
         router_fifo[r, c] -= 1
         if router_fifo[r, c] == 0:
-            busy_fifos[r] -= 1
+            busy_fifos[r] &= ~(1 << c)
             change -= 1
         for k in range(n_targets[r, c]):
             kind = target_kind[r, c, k]
@@ -425,46 +396,29 @@ def _next_wake(cores, t, limit):
 
 # ---------------------------------------------------------------- the cycle loop
 
-@njit(cache=True)
-def _new_state(routes, ports, starts):
-    """Empty queues, PEs at their first ops, no events."""
-    routers, colors = routes.input_port.shape
-    # Queue counts as int32: the FIFOs and input queues of a router in one cache line.
-    queues = Queues(np.zeros((routers, colors), dtype=np.int32), np.zeros(routers, dtype=np.int64),
-                    np.zeros((routers, colors), dtype=np.int32), np.zeros((routers, routes.tx_depth), dtype=np.int64),
-                    np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64))
-    cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64),
-                  np.full(routers, -1, dtype=np.int64), np.zeros(routers, dtype=np.bool_),
-                  np.full(routers, -1, dtype=np.int64))
-    capacity = max(routers * colors, 2 * routers, ports.router.shape[0])
-    events = Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int64),
-                    np.zeros((_EVENT_KINDS, capacity), dtype=np.int64))
-    return queues, cores, events
+# Packed routes of recent runs (pack_routes), by the identity of their target table (kept alive here).
+_PACKED: dict = {}
 
 
-# Slots of a run's counters (an int64 array, so that a run can stop and go on).
-_T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS = range(8)
-# Results of _run at or above 0.
-_FINISHED, _STOPPED = 0, 1
-
-
-def _new_scalars(starts: np.ndarray, ports: EdgePorts, watch: int) -> np.ndarray:
-    """The counters of a run at cycle 0."""
-    scalars = np.zeros(8, dtype=np.int64)
-    scalars[_RUNNING] = starts.shape[0]
-    scalars[_TO_INJECT] = ports.left_total.sum()
-    scalars[_LAST] = -1
-    scalars[_SEEN_PC] = starts[watch] + 1 if watch >= 0 else -1
-    return scalars
-
-
-@njit(cache=True, nogil=True)
 def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
     """Run cycles from the state until every PE reached ``END`` and the fabric
     is empty (``_FINISHED``; ``scalars[_LAST]`` is the last cycle with an
     event), or it hangs (``_OUT_OF_TIME``, ``_DEADLOCK``), or, with ``watch >=
     0``, until the start of a cycle at which PE ``watch`` stands at op row
-    ``scalars[_SEEN_PC]`` or later (``_STOPPED``; calling again goes on)."""
+    ``scalars[_SEEN_PC]`` or later (``_STOPPED``; calling again goes on).
+    The reference engine: every router and PE visited every cycle."""
+    packed = _PACKED.get(id(routes.target))
+    if packed is None or packed[0] is not routes.target:
+        packed = (routes.target, pack_routes(routes))
+        _PACKED[id(routes.target)] = packed
+        while len(_PACKED) > 8:
+            _PACKED.pop(next(iter(_PACKED)))
+    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, packed[1])
+
+
+@njit(cache=True, nogil=True)
+def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, table):
+    """:func:`_run` over the packed routes ``table`` (:func:`pack_routes`)."""
     count = events.count
     colors = routes.input_port.shape[1]
     tx_depth = routes.tx_depth
@@ -479,7 +433,7 @@ def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
             break
         first_color = t % colors
         count[:_WRITE] = 0
-        scalars[_CONFLICTS] += _grant_routers(routes, queues, first_color, events) + \
+        scalars[_CONFLICTS] += _grant_routers(routes, table, queues, first_color, events) + \
             _grant_injections(routes, queues, ports, first_color, events)
         _grant_tx_moves(routes, queues, events)
         progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t)
@@ -515,20 +469,6 @@ def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
     return status
 
 
-def _edge_ports(network: Network, inject: dict) -> EdgePorts:
-    """The injecting edge ports of ``inject`` (``{(edge, index): {color: wavelets}}``), in key order."""
-    cfg = network.config
-    keys = sorted(inject)
-    router = np.zeros(len(keys), dtype=np.int64)
-    code = np.zeros(len(keys), dtype=np.int64)
-    left = np.zeros((len(keys), cfg.colors), dtype=np.int64)
-    for p, key in enumerate(keys):
-        router[p], code[p] = network.port(*key)
-        for color, count in inject[key].items():
-            left[p, color] += count
-    return EdgePorts(router, code, left, left.sum(axis=1))
-
-
 #: The engines of :func:`replay`: ``"events"`` (:mod:`.replay_events`, visits only who can act),
 #: ``"reference"`` (:func:`_run`, visits every router and PE every cycle) and ``"adaptive"``
 #: (:mod:`.replay_adaptive`: each stretch between two stops on the one that is faster there); the same cycles.
@@ -558,6 +498,13 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
         hang: a wait that never ends, wavelets that can never enter the fabric
         or that stay in an input queue, or more than ``limit`` cycles).
     """
+    return run_replay(network, ops, starts, ends, inject, limit, periods, engine)[0]
+
+
+def run_replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
+               limit: int = 1 << 40, periods: bool = True, engine: str | None = None) -> tuple[int, Cores]:
+    """:func:`replay`'s cycles and the PEs' final :class:`Cores` (PE ``p`` ran until
+    ``cores.free_at[p] - 1``, its last cycle); the same arguments and errors."""
     from .replay_adaptive import AdaptiveRun
     from .replay_events import run_events
     from .replay_periods import run_with_periods
@@ -583,4 +530,4 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
             result = scalars[_LAST] + 1
     if result < 0:
         raise RuntimeError("the cycle model's replay hung: the schedule would not finish on the fabric")
-    return int(result)
+    return int(result), cores

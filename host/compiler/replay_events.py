@@ -44,15 +44,13 @@ from wse.firmware.timing_ops import BUSY, END, RECV
 
 from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _DEADLOCK, _FIFOS, _FINISHED, _GRANT, _INJECT, _ISSUE, _LAST, _OUT_OF_TIME, _POP,
-                     _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TO_INJECT, _TX, _TX_MOVE, _WRITE, _grant_injections)
+                     _MASK, _N, _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP,
+                     _WRITE, _grant_injections, _low_color, _ready, _rotated_colors, pack_routes)
 
 __all__ = ["run_events"]
 
 #: Buckets of the PEs' timing wheel (a power of two): a PE free at cycle ``f`` waits in bucket ``f mod _WHEEL``.
 _WHEEL = 1024
-# Fields of a route_table row; a target kind that can never accept (beside network.TO_*).
-_N, _MASK, _UP, _TARGETS = 0, 1, 2, 4
-_NEVER = 3
 # Slots of Wakes.counts.
 _ROUTERS_NOW, _ROUTERS_NEXT, _TX_NOW, _TX_NEXT = range(4)
 
@@ -120,26 +118,9 @@ def _push(router_fifo, busy_fifos, r, c):
     """One wavelet into router ``r``'s FIFO ``c``; 1 if it was empty (:func:`.replay._push_fifo`)."""
     was_empty = router_fifo[r, c] == 0
     if was_empty:
-        busy_fifos[r] += 1
+        busy_fifos[r] |= 1 << c
     router_fifo[r, c] += 1
     return 1 if was_empty else 0
-
-
-@njit(cache=True, inline="always")
-def _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
-    """Every target of router ``r``'s route of ``c`` accepts a wavelet (:func:`.replay._targets_ready`)."""
-    for k in range(table[r, c, _N]):
-        kind = table[r, c, _TARGETS + 2 * k]
-        to = table[r, c, _TARGETS + 2 * k + 1]
-        if kind == TO_ROUTER:
-            if router_fifo[to, c] >= router_depth:
-                return False
-        elif kind == TO_PE:
-            if rx[to, c] >= rx_depth:
-                return False
-        elif kind == _NEVER:
-            return False
-    return True
 
 
 @njit(cache=True)
@@ -191,13 +172,10 @@ def _grant_woken(routes, table, queues, wakes, first_color, events):
         if busy_fifos[r] == 0:
             continue
         ports_used = 0
-        c = first_color - 1
-        for _ in range(colors):
-            c += 1
-            if c == colors:       # (first_color + q) % colors, without a division
-                c = 0
-            if router_fifo[r, c] == 0:
-                continue
+        rotated = _rotated_colors(busy_fifos[r], first_color, colors)
+        while rotated != 0:       # the non-empty FIFOs in rotating priority
+            c = _low_color(rotated, first_color, colors)
+            rotated &= rotated - 1
             mask = table[r, c, _MASK]
             if mask == 0:
                 continue
@@ -341,7 +319,7 @@ def _apply_moves(table, queues, ports, wakes, events, t):
         r, c = who[_GRANT, g], color[_GRANT, g]
         router_fifo[r, c] -= 1
         if router_fifo[r, c] == 0:
-            busy_fifos[r] -= 1
+            busy_fifos[r] &= ~(1 << c)
             change -= 1
         _wake(r_flag, r_next, counts, _ROUTERS_NEXT, r)
         u = table[r, c, _UP]
@@ -480,23 +458,10 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
 
 
 def route_table(network) -> np.ndarray:
-    """The routes of ``network`` packed for the fast engine, one 64-byte row per
-    router and color: ``[r, c, _N]`` targets, ``_MASK`` the output ports,
-    ``_UP`` the upstream (:meth:`.network.Network.upstream`), and from
-    ``_TARGETS`` a (kind, index) pair per target. A neighbour router whose
-    route does not take the color from this link can never accept it: its
-    kind is ``_NEVER`` (:func:`.replay._targets_ready` checks that every time)."""
-    routers, colors = network.input_port.shape
-    table = np.zeros((routers, colors, 16), dtype=np.int32)
-    table[:, :, _N] = network.n_targets
-    table[:, :, _MASK] = network.output_mask
+    """The routes of ``network`` packed for the fast engine (:func:`.replay.pack_routes`),
+    with each route's upstream in ``_UP`` (:meth:`.network.Network.upstream`)."""
+    table = pack_routes(network.routes())
     table[:, :, _UP] = network.upstream()
-    kind = network.target_kind.copy()
-    c_index = np.broadcast_to(np.arange(colors)[None, :, None], kind.shape)
-    accepts = network.input_port[network.target, c_index] == network.target_port
-    kind[(kind == TO_ROUTER) & ~accepts] = _NEVER
-    table[:, :, _TARGETS:_TARGETS + 10:2] = kind
-    table[:, :, _TARGETS + 1:_TARGETS + 10:2] = network.target
     return table
 
 

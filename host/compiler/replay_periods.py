@@ -37,8 +37,14 @@ an inner loop inside its rounds, both levels are watched: inner skips stop
 short of the watched PE's next round, so every round is entered in the true
 state, and repeats of whole rounds (periods that are multiples of
 ``colors``) are skipped too (:func:`run_with_periods`).
-``tests/test_compile_speed.py``
-checks that the counts equal the replay without skips and the golden model.
+A state that comes back without a period to skip (the rounds left after a
+phase's last skip, a weight-gradient step that meets a state of an earlier
+one) goes on at once the way it went before: consecutive stops are kept as
+transitions (:class:`_Transitions`), and a state equal to a transition's
+first one, under the same conditions on op rows, edge ports and the
+rotation, takes its second one (:func:`_jump`).
+``tests/test_compile_speed.py`` and ``tests/test_replay_periods.py``
+check that the counts equal the replay without skips and the golden model.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .replay import _CONFLICTS, _FINISHED, _LAST, _SEEN_PC, _STOPPED, _T, _TO_INJECT, _WRITE, _new_scalars, _run
+from .replay import (_CONFLICTS, _FIFOS, _FINISHED, _LAST, _RUNNING, _SEEN_PC, _STOPPED, _T, _TO_INJECT, _TX, _WRITE,
+                     _new_scalars, _run)
 
 __all__ = ["run_with_periods"]
 
@@ -56,6 +63,8 @@ __all__ = ["run_with_periods"]
 _MAX_CANDIDATES = 4
 #: Bytes of kept states per level of stops (:class:`_History`).
 _SNAPSHOT_BYTES = 128 << 20
+#: Bytes of kept transitions (:class:`_Transitions`): the states of half a weight-gradient phase's steps on 128x128.
+_TRANSITION_BYTES = 512 << 20
 
 @njit(cache=True, nogil=True)
 def _state_hash(queues, cores, events, left, ops, t):
@@ -94,6 +103,12 @@ def _state_hash(queues, cores, events, left, ops, t):
     return h
 
 
+def _small(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` in int8 when its values fit (queue counts and colors do): a third of
+    a kept state's bytes (the value, not the type, is what states are compared by)."""
+    return a.astype(np.int8) if a.size == 0 or (a.min() >= -128 and a.max() <= 127) else a.copy()
+
+
 def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars) -> dict:
     """The relative state at the start of cycle ``t`` (``pc`` and ``left`` kept apart: they may differ)."""
     depth = queues.tx_colors.shape[1]
@@ -104,14 +119,15 @@ def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars) -> dic
     active = ~cores.done
     writes = events.count[_WRITE]
     return {
-        "rel": dict(fifo=queues.router_fifo.copy(), rx=queues.rx.copy(), tx=tx, done=cores.done.copy(),
+        "rel": dict(fifo=_small(queues.router_fifo), rx=_small(queues.rx), tx=_small(tx), done=cores.done.copy(),
                     free=np.where(active, np.maximum(cores.free_at - t, 0), 0),
                     index=np.where(active, cores.vector_index, 0),
                     written=active & (cores.written_at == t),
                     writes=np.unique(np.stack([events.who[_WRITE, :writes], events.color[_WRITE, :writes]], axis=1),
                                      axis=0),
                     has_left=ports.left > 0, phase=np.array([t % colors]), n=np.array([n])),
-        "pc": cores.pc.copy(), "left": ports.left.copy(), "t": t, "conflicts": int(scalars[_CONFLICTS])}
+        "pc": cores.pc.copy(), "left": ports.left.copy(), "t": t, "conflicts": int(scalars[_CONFLICTS]),
+        "free_all": cores.free_at - t, "last": int(scalars[_LAST])}
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -282,7 +298,121 @@ class _History:
 
 
 def _snapshot_bytes(snap: dict) -> int:
-    return sum(a.nbytes for a in snap["rel"].values()) + snap["pc"].nbytes + snap["left"].nbytes
+    return sum(a.nbytes for a in snap["rel"].values()) + snap["pc"].nbytes + snap["left"].nbytes + \
+        snap["free_all"].nbytes
+
+
+class _Transitions:
+    """Pairs of consecutive stops with nothing skipped between them, ``(a, b)``, by the
+    hash of ``a``'s state, the latest ones (at most ``budget`` bytes of ``b`` states):
+    a state equal to ``a`` later goes on to ``b``'s state (:func:`_jump`). Unlike the
+    histories they are kept across skips, so the rounds after a phase's last skip
+    can follow the rounds before it."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.by_key: dict[int, list] = {}
+        self.order: list = []
+        self.bytes = 0
+
+    def add(self, key: int, a: dict, b: dict) -> None:
+        pairs = self.by_key.setdefault(key, [])
+        pairs.append((a, b))
+        size = _snapshot_bytes(b)
+        self.order.append((key, size))
+        self.bytes += size
+        while self.bytes > self.budget and len(self.order) > 1:
+            old, old_size = self.order.pop(0)
+            self.by_key[old].pop(0)
+            self.bytes -= old_size
+
+    def earlier(self, key: int) -> list:
+        """The pairs whose first state had hash ``key``, latest first."""
+        return self.by_key.get(key, [])[::-1]
+
+
+@njit(cache=True, nogil=True)
+def _same_rows(ops, here, there, lengths):
+    """For every ``i``: rows ``here[i] .. here[i] + lengths[i]`` of ``ops`` equal rows
+    ``there[i] ..`` (inside ``ops``)."""
+    rows, fields = ops.shape
+    for i in range(here.shape[0]):
+        if there[i] + lengths[i] >= rows or here[i] + lengths[i] >= rows:
+            return False
+        for k in range(lengths[i] + 1):
+            for f in range(fields):
+                if ops[here[i] + k, f] != ops[there[i] + k, f]:
+                    return False
+    return True
+
+
+def _jump(transitions: _Transitions, key: int, now: dict, ops, state, cores, ports, scalars, limit: int) -> bool:
+    """Go on from ``now`` the way an earlier equal state went on to its next stop, at once.
+
+    **Rule.** If the relative state now equals the state ``a`` of an earlier stop
+    (the rotation's phase too unless no grant from ``a`` to its next stop ``b``
+    depended on it), every PE's op rows from here repeat the rows it ran
+    from ``a`` to ``b`` (the row it stood at in ``b`` included), and every edge port
+    keeps each color's wavelets through the same cycles (it had some left at ``b``
+    and still has after injecting as many, or it holds exactly what it held at
+    ``a``), then the deterministic replay takes the same decisions from here as from
+    ``a``, cycle for cycle, and reaches ``b``'s state ``b.t - a.t`` cycles later, each
+    PE ``pc_b - pc_a`` rows on, each port's counts down by what it injected: that
+    state is set (``b``'s queues, cores and pending writes; PEs done before keep
+    their exit cycle). True if it jumped."""
+    queues, events, colors = state
+    for a, b in transitions.earlier(key)[:_MAX_CANDIDATES]:
+        if a["t"] >= now["t"] or not all(np.array_equal(a["rel"][k], now["rel"][k]) for k in a["rel"] if k != "phase"):
+            continue
+        span = b["t"] - a["t"]
+        if (now["t"] - a["t"]) % colors and b["conflicts"] != a["conflicts"] or now["t"] + span >= limit:
+            continue
+        moved = b["pc"] - a["pc"]
+        active = ~a["rel"]["done"]
+        if (moved < 0).any() or not _same_rows(ops, np.ascontiguousarray(now["pc"][active]),
+                                              np.ascontiguousarray(a["pc"][active]),
+                                              np.ascontiguousarray(moved[active])):
+            continue
+        injected = a["left"] - b["left"]
+        left = now["left"] - injected
+        if (injected < 0).any() or not np.where(b["left"] > 0, left > 0, now["left"] == a["left"]).all():
+            continue
+        _restore(b, now, a, left, queues, cores, events, ports, scalars)
+        return True
+    return False
+
+
+def _restore(b: dict, now: dict, a: dict, left, queues, cores, events, ports, scalars) -> None:
+    """Set the state ``b`` (of a stop after ``a``) as reached from ``now`` (:func:`_jump`)."""
+    t = now["t"] + b["t"] - a["t"]
+    rel = b["rel"]
+    queues.router_fifo[:] = rel["fifo"]
+    colors = rel["fifo"].shape[1]
+    queues.busy_fifos[:] = ((rel["fifo"] > 0).astype(np.int64) << np.arange(colors, dtype=np.int64)).sum(axis=1)
+    queues.rx[:] = rel["rx"]
+    queues.tx_count[:] = (rel["tx"] >= 0).sum(axis=1)
+    queues.tx_head[:] = 0
+    queues.tx_colors[:] = np.maximum(rel["tx"], 0)
+    done_before = now["rel"]["done"]
+    cores.pc[:] = b["pc"] + (now["pc"] - a["pc"])
+    cores.free_at[:] = np.where(done_before, cores.free_at, b["free_all"] + t)
+    cores.vector_index[:] = rel["index"]
+    cores.written_at[:] = np.where(rel["written"], t, -1)
+    cores.done[:] = rel["done"]
+    writes = rel["writes"]
+    events.count[_WRITE] = writes.shape[0]
+    events.who[_WRITE, :writes.shape[0]] = writes[:, 0]
+    events.color[_WRITE, :writes.shape[0]] = writes[:, 1]
+    ports.left[:] = left
+    ports.left_total[:] = left.sum(axis=1)
+    scalars[_T] = t
+    scalars[_RUNNING] = int((~cores.done).sum())
+    scalars[_FIFOS] = int((rel["fifo"] > 0).sum())
+    scalars[_TX] = int(queues.tx_count.sum())
+    scalars[_TO_INJECT] = int(left.sum())
+    if b["last"] >= a["t"]:
+        scalars[_LAST] = max(int(scalars[_LAST]), b["last"] + now["t"] - a["t"])
+    scalars[_CONFLICTS] += b["conflicts"] - a["conflicts"]
 
 
 def _look_back(history: _History, key: int, now: dict, ops, cores, ports, scalars, limit: int, cap) -> bool:
@@ -325,7 +455,9 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
     same on both levels: a period that is not a multiple of ``colors`` is
     taken only if no grant in it depended on the rotation, counting the
     inner skips inside it (a skipped period that had such grants marks the
-    conflict counter)."""
+    conflict counter). A stop that skips nothing may still jump to a known
+    successor of its state (:func:`_jump`); the state a skip or a jump lands
+    in is taken as the next stop."""
     colors = routes.input_port.shape[1]
     scalars = _new_scalars(cores.pc, ports, watch)
     base = int(cores.pc[watch])
@@ -357,6 +489,9 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
 
     scalars[_SEEN_PC] = next_stop()
     seen, rounds_seen = _History(_SNAPSHOT_BYTES), _History(_SNAPSHOT_BYTES)
+    transitions = _Transitions(min(_TRANSITION_BYTES, 4 * _SNAPSHOT_BYTES))
+    previous = None                       # (hash, state) of the last stop, if nothing was skipped since
+    landed = False                        # a skip or a jump landed: take its state as a stop without running
     candidates: list = []                 # (snapshot at t2, period D): checked at t2 + D
     round_candidates: list = []
     last_round = 0
@@ -368,9 +503,11 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         seen.clear(), candidates.clear(), rounds_seen.clear(), round_candidates.clear()
 
     while True:
-        status = run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
-        if status != _STOPPED:
-            return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
+        if not landed:
+            status = run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
+            if status != _STOPPED:
+                return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
+        landed = False
         t = int(scalars[_T])
         scalars[_SEEN_PC] = next_stop()
         at_round = outer and (int(cores.pc[watch]) - base) // outer != last_round
@@ -378,20 +515,30 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
             last_round = (int(cores.pc[watch]) - base) // outer
             if _check(round_candidates, t, state, ops, cores, ports, scalars, limit, lambda a, b: None):
                 round_skipped()
+                previous, landed = None, True
                 continue
         if _check(candidates, t, state, ops, cores, ports, scalars, limit, inner_cap):
             scalars[_SEEN_PC] = next_stop()
             seen.clear(), candidates.clear()
+            previous, landed = None, True
             continue
         key = int(_state_hash(queues, cores, events, ports.left, ops, t))
         now = _snapshot(queues, cores, events, ports, t, colors, scalars)
+        if previous is not None:
+            transitions.add(*previous, now)
+        previous = (key, now)
         if at_round and _look_back(rounds_seen, key, now, ops, cores, ports, scalars, limit, lambda a, b: None):
             round_skipped()
+            previous, landed = None, True
             continue
         if _look_back(seen, key, now, ops, cores, ports, scalars, limit, inner_cap):
             scalars[_SEEN_PC] = next_stop()
             seen.clear(), candidates.clear()
+            previous, landed = None, True
             continue
         _propose(candidates, seen, key, now, spans)
         if at_round:
             _propose(round_candidates, rounds_seen, key, now, spans)
+        if _jump(transitions, key, now, ops, (queues, events, colors), cores, ports, scalars, limit):
+            previous = None
+            landed = True

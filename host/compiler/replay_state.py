@@ -1,0 +1,141 @@
+"""The state of the static cycle model's replay (:mod:`.replay`): the edge ports, queues,
+cores and one cycle's events as named tuples of arrays, a run's counters, and the fresh
+state of a run. Both engines (:func:`.replay._run`, :mod:`.replay_events`) and the
+period search (:mod:`.replay_periods`) work on it."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from .network import Network
+
+# Results of the jitted replay below 0: it hung.
+_OUT_OF_TIME, _DEADLOCK = -1, -2
+
+# Kinds of events, rows of Events.who / Events.color.
+_GRANT = 0       # router ``who`` forwards the head of its FIFO ``color``
+_INJECT = 1      # edge port ``who`` injects a wavelet of ``color``
+_TX_MOVE = 2     # the head of PE ``who``'s output queue enters its router
+_POP = 3         # PE ``who`` pops its input queue ``color``
+_ISSUE = 4       # PE ``who`` issues a vector element for the fabric, of ``color``
+_WRITE = 5       # ... issued last cycle: it enters the output queue this cycle
+_EVENT_KINDS = 6
+
+
+class EdgePorts(NamedTuple):
+    """The edge ports that inject wavelets: port ``p`` enters boundary router
+    ``router[p]`` through port ``code[p]`` and has ``left[p, c]`` wavelets of
+    color ``c`` left to inject, ``left_total[p]`` in all."""
+
+    router: np.ndarray
+    code: np.ndarray
+    left: np.ndarray
+    left_total: np.ndarray
+
+
+class Queues(NamedTuple):
+    """Occupancy of the fabric's queues.
+
+    ``router_fifo[r, c]``: wavelets in router ``r``'s FIFO of color ``c``;
+    ``busy_fifos[r]``: the bit mask of its non-empty FIFOs (bit ``c`` for color
+    ``c``; a router with none is skipped, and a router's grants visit only
+    these colors, :func:`_rotated_colors`);
+    ``rx[p, c]``: wavelets in PE ``p``'s input queue ``c``; the output queue
+    of PE ``p`` is a ring of colors, ``tx_colors[p]``, holding
+    ``tx_count[p]`` wavelets from index ``tx_head[p]``.
+    """
+
+    router_fifo: np.ndarray
+    busy_fifos: np.ndarray
+    rx: np.ndarray
+    tx_colors: np.ndarray
+    tx_head: np.ndarray
+    tx_count: np.ndarray
+
+
+class Cores(NamedTuple):
+    """Each PE's progress through its timing ops.
+
+    ``pc[p]``: the op row PE ``p`` is at; ``free_at[p]``: the first cycle it
+    can go on; ``vector_index[p]``: the elements of its current vector
+    instruction done; ``written_at[p]``: the cycle its last fabric-bound
+    element enters the output queue; ``done[p]``: it reached ``END``;
+    ``waited_at[p]``: the last cycle it waited for the fabric.
+    """
+
+    pc: np.ndarray
+    free_at: np.ndarray
+    vector_index: np.ndarray
+    written_at: np.ndarray
+    done: np.ndarray
+    waited_at: np.ndarray
+
+
+class Events(NamedTuple):
+    """The decisions of one cycle, applied at its end: ``count[kind]`` events
+    of each kind (``_GRANT`` ... ``_WRITE``), the ``i``-th on router, port or
+    PE ``who[kind, i]`` and color ``color[kind, i]``."""
+
+    count: np.ndarray
+    who: np.ndarray
+    color: np.ndarray
+
+
+@njit(cache=True)
+def _record(events, kind, who, color):
+    """Append an event of ``kind``."""
+    count, whos, colors = events.count, events.who, events.color
+    i = count[kind]
+    whos[kind, i] = who
+    colors[kind, i] = color
+    count[kind] = i + 1
+
+
+@njit(cache=True)
+def _new_state(routes, ports, starts):
+    """Empty queues, PEs at their first ops, no events."""
+    routers, colors = routes.input_port.shape
+    # Queue counts as int32: the FIFOs and input queues of a router in one cache line.
+    queues = Queues(np.zeros((routers, colors), dtype=np.int32), np.zeros(routers, dtype=np.int64),
+                    np.zeros((routers, colors), dtype=np.int32), np.zeros((routers, routes.tx_depth), dtype=np.int64),
+                    np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64))
+    cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64),
+                  np.full(routers, -1, dtype=np.int64), np.zeros(routers, dtype=np.bool_),
+                  np.full(routers, -1, dtype=np.int64))
+    capacity = max(routers * colors, 2 * routers, ports.router.shape[0])
+    events = Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int64),
+                    np.zeros((_EVENT_KINDS, capacity), dtype=np.int64))
+    return queues, cores, events
+
+
+# Slots of a run's counters (an int64 array, so that a run can stop and go on).
+_T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS = range(8)
+# Results of _run at or above 0.
+_FINISHED, _STOPPED = 0, 1
+
+
+def _new_scalars(starts: np.ndarray, ports: EdgePorts, watch: int) -> np.ndarray:
+    """The counters of a run at cycle 0."""
+    scalars = np.zeros(8, dtype=np.int64)
+    scalars[_RUNNING] = starts.shape[0]
+    scalars[_TO_INJECT] = ports.left_total.sum()
+    scalars[_LAST] = -1
+    scalars[_SEEN_PC] = starts[watch] + 1 if watch >= 0 else -1
+    return scalars
+
+
+def _edge_ports(network: Network, inject: dict) -> EdgePorts:
+    """The injecting edge ports of ``inject`` (``{(edge, index): {color: wavelets}}``), in key order."""
+    cfg = network.config
+    keys = sorted(inject)
+    router = np.zeros(len(keys), dtype=np.int64)
+    code = np.zeros(len(keys), dtype=np.int64)
+    left = np.zeros((len(keys), cfg.colors), dtype=np.int64)
+    for p, key in enumerate(keys):
+        router[p], code[p] = network.port(*key)
+        for color, count in inject[key].items():
+            left[p, color] += count
+    return EdgePorts(router, code, left, left.sum(axis=1))
