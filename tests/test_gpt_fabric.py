@@ -3,8 +3,10 @@
 one-layer transformer's whole step (forward, loss, backward: every
 parameter's gradient) on the golden model equals the functional model
 ``TransformerReference`` on the same layout bit for bit, and every device
-run of every phase takes exactly the static cycle model's cycles; the same
-on Verilator (a tiny mesh) and, slow, on Icarus."""
+run of every phase takes exactly the static cycle model's cycles (the
+relayouts of the heads' operands and results included: the only cycles not
+replayed are MemoryX's embedding rows); the same on Verilator (a tiny mesh)
+and, slow, on Icarus."""
 
 from __future__ import annotations
 
@@ -61,6 +63,8 @@ def _check_step(graph, params, x, y, cfg: FabricConfig, device: str) -> None:
         runs = got.cycles[phase.name]
         if phase.kind in ("moves", "host"):
             assert runs == [], phase.name
+            assert phase.kind == "host" or phase.op == "move" and phase.name.startswith(("rows ", "rows-grad ")), \
+                phase.name                                   # modeled: MemoryX's embedding rows only
             continue
         assert runs == [phase.cycles] * phase.runs, (phase.name, phase.cycles, runs)
         ran += len(runs)
@@ -70,7 +74,9 @@ def _check_step(graph, params, x, y, cfg: FabricConfig, device: str) -> None:
 
 @pytest.mark.parametrize("sequences,width,height", [(2, 4, 4), (1, 3, 2), (3, 2, 2)])
 def test_golden_step_equals_the_functional_model_bit_for_bit(sequences, width, height):
-    """(3, 2, 2): 12 tokens per column, two token passes of the streamed GEMMs (8 per pass at most)."""
+    """(3, 2, 2): 12 tokens per column, two token passes of the streamed GEMMs (8 per pass at most),
+    and 6 attention instances on 4 one-PE tiles: two rounds. (2, 4, 4): 4 instances on 2x2 tiles at
+    once; (1, 3, 2): 2 on 3x1 tiles."""
     graph, params, x, y = _setup(sequences)
     _check_step(graph, params, x, y, FabricConfig(width=width, height=height), "golden")
 
@@ -105,8 +111,17 @@ def test_schedule_phases_and_kinds():
     linears = [n.name for n in graph.nodes if n.kind == "token_linear"]
     for name in linears:
         assert {f"fwd {name}", f"bwd-data {name}", f"bwd-weight {name}"} <= set(names)
+    # 2 sequences x 2 heads side by side on 2x2 tiles: one round of eight kernels, each one device run;
+    # the relayouts: q, k, v in and the output back; dout, q, k, v in and dv, dq, dk back
     attention = [p for p in schedule.phases if p.kind in ("attention", "softmax")]
-    assert len(attention) == 8 and all(p.runs == 2 * 2 for p in attention)
+    assert len(attention) == 8 and all(p.runs == 1 for p in attention)
+    assert sum(p.fmacs for p in attention) == 6 * 4 * (8 * 9 // 2) * 8
+    relayouts = [p.name for p in schedule.phases if p.kind == "relayout"]
+    assert relayouts == ["relayout-in matmul_1 r0 q+k+v", "relayout-out matmul_1 r0 values",
+                         "relayout-in matmul_1 r0 dout+q+k+v", "relayout-out matmul_1 r0 backward-dv",
+                         "relayout-out matmul_1 r0 backward-dq", "relayout-out matmul_1 r0 backward-dk"]
+    assert [p.name for p in schedule.phases if p.kind == "moves"] == ["rows tok", "rows pos",
+                                                                       "rows-grad pos", "rows-grad tok"]
     # the forward before the loss, the backward after it
     assert names.index("fwd head") < names.index("loss") < names.index("bwd-data head")
     assert schedule.blocks == [4, 4, 4, 4]

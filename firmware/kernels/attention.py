@@ -102,6 +102,12 @@ class AttentionPlan:
         The kernel's program and the first free word.
     scale_value:
         The scores' scale (a model's own, such as ``1/sqrt(8)`` as it wrote it); ``None``: ``1/sqrt(Dh)``.
+    resident:
+        The row and key operands are already in ``ROW`` and ``COL`` (put there by a relayout,
+        ``docs/transformer.md`` section 11): no edge streams, no multicasts.
+    buffers:
+        ``(name, address)`` pairs overriding :meth:`address` (the step's agreed addresses); an
+        address is one for every PE, or a ``[height, width]`` grid of nested tuples.
     """
     config: FabricConfig
     context: int
@@ -112,6 +118,8 @@ class AttentionPlan:
     program: Program
     heap: int
     scale_value: float | None = None
+    resident: bool = False
+    buffers: tuple[tuple[str, int], ...] = ()
 
     @property
     def spec(self) -> Variant:
@@ -141,9 +149,19 @@ class AttentionPlan:
 
     def address(self, name: str) -> int:
         """The address of a :data:`BUFFERS` buffer (the same in every PE)."""
+        given = dict(self.buffers)
+        if name in given and isinstance(given[name], int):
+            return given[name]
         r0, k0, dh = len(self.query_blocks[0]), len(self.key_blocks[0]), self.width
         sizes = (r0 * dh, k0 * dh, r0 * k0, max(r0 * k0, r0 * dh, k0 * dh))
         return self.heap + sum(sizes[:BUFFERS.index(name)])
+
+    def address_grid(self, name: str) -> np.ndarray:
+        """``[height, width]``: the address of a :data:`BUFFERS` buffer in every PE."""
+        given = dict(self.buffers).get(name)
+        if given is not None and not isinstance(given, int):
+            return np.array(given, dtype=np.int64)
+        return np.full((self.config.height, self.config.width), self.address(name))
 
     def routes(self) -> list:
         """The multicasts of the operands' rows and the chain of the sums."""
@@ -151,13 +169,13 @@ class AttentionPlan:
         nq, nk = self.rows_used, self.cols_used
         for y in range(nq):
             cells = row_cells(y, self.config.width)[:nk]
-            if spec.row:
+            if spec.row and not self.resident:
                 routes += multicast_routes(cells, Port.E, ROW_COLOR, from_edge=True)
             if spec.mode == 1:
                 routes += chain_routes(cells, Port.E, CHAIN_COLORS, from_edge=False, to_edge=False)
         for x in range(nk):
             cells = column_cells(x, self.config.height)[:nq]
-            if spec.col:
+            if spec.col and not self.resident:
                 routes += multicast_routes(cells, Port.S, COL_COLOR, from_edge=True)
             if spec.mode == 2:
                 routes += chain_routes(cells, Port.S, CHAIN_COLORS, from_edge=False, to_edge=False)
@@ -182,11 +200,12 @@ class AttentionPlan:
             return np.full(shape, int(value))
 
         params = {"p_r": r, "p_k": k, "p_q0": q0, "p_k0": k0, "p_dh": full(self.width), "p_mode": full(spec.mode),
-                  "p_rowin": full(spec.row is not None), "p_colin": full(spec.col is not None),
+                  "p_rowin": full(spec.row is not None and not self.resident),
+                  "p_colin": full(spec.col is not None and not self.resident),
                   "p_rcolor": full(ROW_COLOR), "p_ccolor": full(COL_COLOR), "p_scaled": full(spec.scaled),
                   "p_scale": full(fp.f2b(self.scale)), "p_first": position == 0, "p_last": position == length - 1,
                   "p_cin": c_in, "p_cout": c_out}
-        params.update({f"p_{name.lower()}": full(self.address(name)) for name in BUFFERS})
+        params.update({f"p_{name.lower()}": self.address_grid(name) for name in BUFFERS})
         return params
 
     def blocks(self) -> SoftmaxPlan:
@@ -224,7 +243,9 @@ class AttentionPlan:
 
     def stream(self, device, rows: np.ndarray | None, cols: np.ndarray | None) -> None:
         """Queue the query rows at the west edge of each mesh row and the key rows
-        at the north edge of each column (``uint32 [T, Dh]`` bits)."""
+        at the north edge of each column (``uint32 [T, Dh]`` bits); nothing when resident."""
+        if self.resident:
+            return
         if rows is not None:
             for y, q in enumerate(self.query_blocks[:self.rows_used]):
                 device.stream_in("W", y, ROW_COLOR, rows[q.start:q.stop].reshape(-1))

@@ -96,11 +96,11 @@ def pe_ops(plan: AttentionPlan, x: int, y: int) -> np.ndarray:
     if k == 0:
         return ops.end()
     ops.busy(2 + 1 + 2 + 1)
-    if spec.row:
+    if spec.row and not plan.resident:
         ops.busy(12)
         ops.op(VEC, r * dh, ROW_COLOR, -1, -1)
     ops.busy(2 + 1)
-    if spec.col:
+    if spec.col and not plan.resident:
         ops.busy(12)
         ops.op(VEC, k * dh, COL_COLOR, -1, -1)
     ops.busy(2 + 1)
@@ -124,10 +124,10 @@ def timing_ops(plan: AttentionPlan):
     ops, starts, ends = mesh_ops(plan.config, lambda x, y: pe_ops(plan, x, y))
     inject: dict = {}
     spec, dh = plan.spec, plan.width
-    if spec.row:
+    if spec.row and not plan.resident:
         for y, q in enumerate(plan.query_blocks[:plan.rows_used]):
             inject[("W", y)] = {ROW_COLOR: len(q) * dh}
-    if spec.col:
+    if spec.col and not plan.resident:
         for x, kb in enumerate(plan.key_blocks[:plan.cols_used]):
             inject[("N", x)] = {COL_COLOR: len(kb) * dh}
     return plan.routes(), ops, starts, ends, inject

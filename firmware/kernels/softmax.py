@@ -60,7 +60,7 @@ class SoftmaxPlan:
         The queries of each mesh row (north to south) and the keys of each
         column (west to east).
     program, heap:
-        The kernel's program and the first free word.
+        The kernel's program and the first free word (one for every PE, or a ``[height, width]`` grid).
     scale:
         The scores' scale the backward pass multiplies ``ds`` by (default :data:`SCALE`).
     """

@@ -13,15 +13,18 @@ kernels share. Phases by kind:
 ``gemm``       a linear layer's streamed GEMM: forward, input gradient, weight
                gradient (weights streamed from MemoryX per token pass; the MLP's
                phases of ``train.s``, run on a one-layer executable of its shape)
-``attention``  one head's products (``firmware/kernels/attention.s``): scores, ``p v``,
-               ``dp``, ``dv``, ``dq``, ``dk``, once per (sequence, head)
-``softmax``    the causal softmax forward and backward (``softmax.s``), per (sequence, head)
+``attention``  the heads' products (``firmware/kernels/attention.s``): scores, ``p v``,
+               ``dp``, ``dv``, ``dq``, ``dk``; every (sequence, head) instance on a tile of
+               its own, as many at once as there are tiles (a round, :mod:`.gpt_tiles`)
+``softmax``    the causal softmax forward and backward (``softmax.s``), per round of tiles
+``relayout``   the heads' ``q``, ``k``, ``v``, ``dout`` from the GEMM layout into the
+               tiles and the products' results back (``relayout.s``, a program with routes)
 ``layernorm``  LayerNorm forward and backward (``layernorm.s``, ``layernorm_bwd.s``)
 ``gelu``       GELU forward and backward (``gelu.s``)
 ``residual``   ``add(a, b)`` (``residual.s``): residual additions, the embeddings' sum,
                the gradient sums of a value read by several operations
-``moves``      edge streams of the layout changes and of MemoryX's embedding rows
-               (a modeled cost, :func:`edge_cycles`)
+``moves``      MemoryX's embedding rows in and their gradients out at the mesh edge
+               (the one modeled cost, :func:`edge_cycles`)
 ``host``       the loss and its delta (host, float64 loss as for the MLP); views
 =============  ======================================================================
 
@@ -54,6 +57,7 @@ from wse.firmware.kernels.softmax import Softmax as SoftmaxKernel
 from . import codegen
 from . import weight_streaming as ws
 from .ir import Graph, Input, Linear, SoftmaxCrossEntropy
+from .gpt_tiles import HeadTiling, head_tiling, relayout_cycles, relayout_in, relayout_out, round_cycles
 from .replay import Network, replay
 from .transformer_ir import (GELU, Add, CausalAttention, CausalMask, Embedding, LayerNorm, MatMul, Positions,
                              Rearrange, Scale, SequenceCrossEntropy, Softmax, TNode, TokenLinear, Tokens,
@@ -63,7 +67,7 @@ __all__ = ["GptPhase", "GptSchedule", "AttentionGroup", "compile_gpt", "attentio
            "kernel_plan", "kernel_cycles", "edge_cycles", "KINDS", "GEMM_GRAPH_WEIGHT", "GEMM_GRAPH_BIAS"]
 
 #: The phase kinds, in the order reports list them.
-KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "moves", "host")
+KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "relayout", "moves", "host")
 #: The parameter names of the one-layer executable a linear layer's phases run on.
 GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS = "l2.weight", "l2.bias"
 
@@ -82,7 +86,7 @@ class GptPhase:
         What the driver runs (``linear``, ``linear-data``, ``linear-weight``,
         ``attention``, ``softmax``, ``layernorm``, ``layernorm-bwd``, ``gelu``,
         ``gelu-bwd``, ``residual``, ``embedding``, ``embedding-grad``, ``move``,
-        ``view``, ``view-bwd``, ``loss``).
+        ``relayout-in``, ``relayout-out``, ``view``, ``view-bwd``, ``loss``).
     node:
         The graph node it belongs to.
     inputs, outputs:
@@ -91,10 +95,10 @@ class GptPhase:
     args:
         The op's arguments (sizes, variant, scale, parameter names).
     runs:
-        Device runs of the phase (a head's kernel runs once per sequence and head).
+        Device runs of the phase.
     cycles:
-        Fabric cycles of one run by the static cycle model (``moves``: the
-        modeled edge streams; ``host``: 0).
+        Fabric cycles of one run by the static cycle model (a relayout: its stages' together;
+        ``moves``: the modeled edge streams; ``host``: 0).
     fmacs:
         Multiply-accumulate elements of one run (the GEMMs' and the attention
         products'; 0 for the others, which multiply and add but not as
@@ -340,25 +344,42 @@ class _Builder:
         node = self.graph.node(group.q)
         return node.shape[-2], node.shape[-1]          # T, Dh
 
-    def attention_phase(self, group: AttentionGroup, variant: str, inputs, outputs, kind="attention") -> None:
+    def tiling(self, group: AttentionGroup) -> HeadTiling:
         t, dh = self.head_sizes(group)
-        heads = int(np.prod(self.graph.node(group.q).shape[:-2]))
-        args = {"variant": variant, "scale": group.scale, "t": t, "dh": dh}
-        if kind == "softmax":
-            cycles, fmacs = self.kernel("softmax", {"n": t, "variant": variant}), 0
-        else:
-            cycles, fmacs = self.kernel("attention", {"n": t, "cols": dh, "variant": variant}), t * (t + 1) // 2 * dh
-        label = f"softmax-{variant}" if kind == "softmax" else variant
-        self.emit(f"{label} {group.node}", kind, kind, group.node, inputs, outputs, args, self.B * heads, cycles,
-                  fmacs)
+        return head_tiling(self.config, self.B, self.heads(group), t, dh, group.scale)
+
+    def attention_phase(self, group: AttentionGroup, variant: str, round_: int, inputs, outputs,
+                        kind="attention") -> None:
+        """One kernel over a round's tiles (``sf``/``sb``: the softmax forward/backward)."""
+        tiling = self.tiling(group)
+        active = len(tiling.rounds[round_])
+        args = {"variant": variant, "scale": group.scale, "t": tiling.t, "dh": tiling.dh, "round": round_,
+                "heads": tiling.heads}
+        cycles = round_cycles(tiling, variant, group.scale, active) if self.with_cycles else 0
+        fmacs = 0 if kind == "softmax" else active * tiling.t * (tiling.t + 1) // 2 * tiling.dh
+        label = {"sf": "softmax-forward", "sb": "softmax-backward"}.get(variant, variant)
+        self.emit(f"{label} {group.node} r{round_}", kind, kind, group.node, inputs, outputs, args, 1, cycles, fmacs)
+
+    def relayout(self, group: AttentionGroup, round_: int, op: str, what, inputs, outputs) -> None:
+        """A relayout phase: ``what`` is the matrices in (``relayout-in``) or the product out."""
+        tiling = self.tiling(group)
+        cycles = 0
+        if self.with_cycles:
+            plan = (relayout_in(tiling, round_, what) if op == "relayout-in" else relayout_out(tiling, round_, what))[0]
+            cycles = sum(relayout_cycles(plan))
+        label = f"{op} {group.node} r{round_}" + (f" {'+'.join(what)}" if op == "relayout-in" else f" {what}")
+        self.emit(label, "relayout", op, group.node, inputs, outputs,
+                  {"what": what, "round": round_, "scale": group.scale, "t": tiling.t, "dh": tiling.dh,
+                   "heads": tiling.heads}, 1, cycles)
 
     def attention_forward(self, g: AttentionGroup) -> None:
         n = g.node
-        k = g.k
-        self.attention_phase(g, "scores", (g.q, k), (f"s:{n}",))
-        self.attention_phase(g, "forward", (f"s:{n}",), (f"p:{n}",), "softmax")
-        self.attention_phase(g, "values", (f"p:{n}", g.v), (n,))
-        self.moves(f"move {n}", n, self.graph.node(n).shape[-1] * self.heads(g), 2, (n,), (n,))
+        for r in range(len(self.tiling(g).rounds)):
+            self.relayout(g, r, "relayout-in", ("q", "k", "v"), (g.q, g.k, g.v), ())
+            self.attention_phase(g, "scores", r, (g.q, g.k), (f"s:{n}",))
+            self.attention_phase(g, "sf", r, (f"s:{n}",), (f"p:{n}",), "softmax")
+            self.attention_phase(g, "values", r, (f"p:{n}", g.v), (f"o:{n}",))
+            self.relayout(g, r, "relayout-out", "values", (f"o:{n}",), (n,))
 
     def heads(self, g: AttentionGroup) -> int:
         return int(np.prod(self.graph.node(g.q).shape[:-2]))
@@ -422,13 +443,16 @@ class _Builder:
     def attention_backward(self, grp: AttentionGroup, g: str) -> list[tuple[str, str]]:
         n = grp.node
         dq, dk, dv = (self.fresh(f"d:{name}") for name in (grp.q, grp.k, grp.v))
-        self.attention_phase(grp, "backward-dp", (g, grp.v), (f"dp:{n}",))
-        self.attention_phase(grp, "backward", (f"p:{n}", f"dp:{n}"), (f"ds:{n}",), "softmax")
-        self.attention_phase(grp, "backward-dv", (g, f"p:{n}"), (dv,))
-        self.attention_phase(grp, "backward-dq", (f"ds:{n}", grp.k), (dq,))
-        self.attention_phase(grp, "backward-dk", (grp.q, f"ds:{n}"), (dk,))
-        self.moves(f"move-bwd {n}", n, self.graph.node(n).shape[-1] * self.heads(grp), 6, (dq, dk, dv),
-                   (dq, dk, dv))
+        for r in range(len(self.tiling(grp).rounds)):
+            self.relayout(grp, r, "relayout-in", ("dout", "q", "k", "v"), (g, grp.q, grp.k, grp.v), ())
+            self.attention_phase(grp, "backward-dp", r, (g, grp.v), (f"dp:{n}",))
+            self.attention_phase(grp, "sb", r, (f"p:{n}", f"dp:{n}"), (f"ds:{n}",), "softmax")
+            self.attention_phase(grp, "backward-dv", r, (g, f"p:{n}"), (f"dv:{n}",))
+            self.relayout(grp, r, "relayout-out", "backward-dv", (f"dv:{n}",), (dv,))
+            self.attention_phase(grp, "backward-dq", r, (f"ds:{n}", grp.k), (f"dq:{n}",))
+            self.relayout(grp, r, "relayout-out", "backward-dq", (f"dq:{n}",), (dq,))
+            self.attention_phase(grp, "backward-dk", r, (grp.q, f"ds:{n}"), (f"dk:{n}",))
+            self.relayout(grp, r, "relayout-out", "backward-dk", (f"dk:{n}",), (dk,))
         return [(grp.q, dq), (grp.k, dk), (grp.v, dv)]
 
 

@@ -5,16 +5,16 @@ golden model or an RTL simulator (``docs/transformer.md`` section 11).
 Each phase is a program of its own: the streamed GEMM's phases are the
 training firmware's (``train.s``) on a one-layer executable of the linear
 layer's shape, the others the library kernels (attention products, causal
-softmax, LayerNorm, GELU, residual). Between phases the host carries the
-values: the words a phase leaves in the PEs are read out and written into
-the next phase's buffers (``memcpy``, which takes no fabric cycles), in the
-same layout where the two phases share one; where they do not (a head's
-``q``, ``k``, ``v`` into the attention layout, its output back, MemoryX's
-embedding rows) the schedule counts a ``moves`` phase. The attention
-kernels take ``q``/``dout`` rows at the west edge and ``k``/``v`` rows at the
-north edge as edge streams, inside their own cycles. The loss and its delta
-are the host's (float64 loss, the reference's delta), as are the embedding
-tables' row sums (MemoryX).
+softmax, LayerNorm, GELU, residual, relayout). Between phases the host
+carries the values: the words a phase leaves in the PEs are read out and
+written into the next phase's buffers of the same PEs (``memcpy``, which
+takes no fabric cycles). A head's ``q``, ``k``, ``v`` (and ``dout``) reach
+the attention's tiles by a relayout program and its results leave by one
+(:mod:`wse.host.compiler.gpt_tiles`); within a round of tiles every program
+finds its inputs at the address the previous one left them (the round's
+memory image). The loss and its delta are the host's (float64 loss, the
+reference's delta), as are the embedding tables' rows (MemoryX: a modeled
+edge stream) and their row sums.
 
 :class:`GptFabric` ``.step(params, tokens, targets)`` returns the loss, the
 logits, every parameter's gradient and every run's cycles; it equals
@@ -30,17 +30,18 @@ from typing import Callable, Mapping
 import numpy as np
 
 from wse import numerics as fp
+from wse.firmware.deadlock import load_checked
 from wse.firmware.kernels import layernorm as layernorm_kernel
 from wse.firmware.kernels import residual as residual_kernel
-from wse.firmware.kernels.attention import Attention
-from wse.firmware.kernels.common import read_per_pe
+from wse.firmware.kernels.common import read_per_pe, write_params
 from wse.firmware.kernels.gelu import Gelu
 from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
 from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
-from wse.firmware.kernels.softmax import Softmax as SoftmaxKernel
 from wse.firmware.training import transformer as ops
 from wse.host.compiler.gpt_phases import (GEMM_GRAPH_BIAS, GEMM_GRAPH_WEIGHT, GptPhase, GptSchedule, kernel_plan,
                                           linear_executable)
+from wse.host.compiler.gpt_tiles import MATRICES, HeadTiling, RoundKernel, head_tiling, relayout_in, relayout_out, \
+    round_kernel
 from wse.sim.devices import make_device
 
 from . import transformer_kernels as tk
@@ -146,6 +147,8 @@ class GptFabric:
         self.values: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
         self.rows: dict[str, tuple] = {}
+        self.images: dict[tuple, np.ndarray] = {}
+        self.partial: dict[str, np.ndarray] = {}
         self.targets = targets
         self.loss = 0.0
         for node in s.graph.nodes:
@@ -312,53 +315,83 @@ class GptFabric:
             self.grads[phase.arg("bias")] = ops.floats(bits[o * k:])
         return [cycles]
 
-    # -- one head at a time -------------------------------------------------------------------
+    # -- attention: instances side by side, operands relaid on the fabric ------------------------------
+    def _tiling(self, phase: GptPhase) -> HeadTiling:
+        return head_tiling(self.config, self.schedule.sequences, phase.arg("heads"), phase.arg("t"), phase.arg("dh"),
+                           phase.arg("scale"))
+
     def _heads(self, name: str, transposed: bool = False) -> np.ndarray:
-        """The value ``name`` as ``[sequences * heads, rows, columns]`` (``transposed``: the last two swapped)."""
+        """The value ``name`` as ``[sequences, heads, rows, columns]`` (``transposed``: the last two swapped)."""
         value = self.values[name]
         if transposed:
             value = np.swapaxes(value, -1, -2)
-        return np.ascontiguousarray(value).reshape(-1, *value.shape[-2:])
+        return np.ascontiguousarray(value).reshape(self.schedule.sequences, -1, *value.shape[-2:])
+
+    def _image(self, phase: GptPhase) -> np.ndarray:
+        """The round's attention region of every PE, ``uint32 [H, W, top - base]``: what the round's
+        programs leave in the PEs, kept from one program to the next at the same addresses."""
+        tiling = self._tiling(phase)
+        key = (phase.node, phase.arg("round"))
+        if key not in self.images:
+            self.images[key] = np.zeros((self.config.height, self.config.width, tiling.top - tiling.base),
+                                        dtype=np.uint32)
+        return self.images[key]
+
+    def _op_relayout_in(self, phase: GptPhase):
+        group, tiling = self.schedule.groups[phase.node], self._tiling(phase)
+        what = phase.arg("what")
+        plan, index = relayout_in(tiling, phase.arg("round"), what)
+        sources = {"q": (group.q, False), "k": (group.k, group.k_transposed), "v": (group.v, False)}
+        stacked = [self._heads(*sources[m]) if m in sources else self._heads(phase.inputs[0])
+                   for m in MATRICES if m in what]
+        slots = [MATRICES.index(m) for m in MATRICES if m in what]
+        values = np.zeros(len(index), dtype=np.uint32)
+        for value, slot in zip(stacked, slots):
+            rows = index[:, 0] == slot
+            b, h, t, d = index[rows, 1:].T
+            values[rows] = np.asarray(value)[b, h, t, d]
+        words, cycles = plan.execute(self.factory, values, f"relayout in {phase.node}")
+        image = self._image(phase)
+        x, y, a = plan.dst.T
+        image[y, x, a - tiling.base] = words
+        return [sum(cycles)]
+
+    def _op_relayout_out(self, phase: GptPhase):
+        group, tiling = self.schedule.groups[phase.node], self._tiling(phase)
+        variant = phase.arg("what")
+        plan, index = relayout_out(tiling, phase.arg("round"), variant)
+        image = self._image(phase)
+        x, y, a = plan.src.T
+        words, cycles = plan.execute(self.factory, image[y, x, a - tiling.base], f"relayout out {phase.node}")
+        like = {"values": group.q, "backward-dv": group.v, "backward-dq": group.q, "backward-dk": group.k}[variant]
+        transposed = variant == "backward-dk" and group.k_transposed
+        target = phase.outputs[0]
+        if target not in self.partial:
+            self.partial[target] = np.zeros((tiling.sequences, tiling.heads, tiling.t, tiling.dh), dtype=np.uint32)
+        out = self.partial[target]
+        b, h, t, d = index.T
+        out[b, h, t, d] = words
+        shape = self.values[like].shape
+        full = np.swapaxes(out.reshape(shape[:-2] + (tiling.t, tiling.dh)), -1, -2) if transposed else out
+        self.values[target] = np.ascontiguousarray(full).reshape(shape)
+        return [sum(cycles)]
+
+    def _run_round(self, phase: GptPhase, kernel: RoundKernel, what: str) -> int:
+        tiling = self._tiling(phase)
+        image = self._image(phase)
+        device = self._device()
+        device.load(kernel.program)
+        load_checked(device, self.config, kernel.routes, what, rings=kernel.rings)
+        write_params(device, kernel.program, kernel.params)
+        device.memcpy_h2d(tiling.base, image)
+        device.launch(0)
+        cycles = device.run()
+        image[:] = device.memcpy_d2h(tiling.base, image.shape[-1])
+        return cycles
 
     def _op_attention(self, phase: GptPhase):
-        group = self.schedule.groups[phase.node]
-        variant, t, dh = phase.arg("variant"), phase.arg("t"), phase.arg("dh")
-        plan = dataclasses.replace(kernel_plan(self.config, "attention", {"n": t, "cols": dh, "variant": variant}),
-                                   scale_value=phase.arg("scale"))
-        reads = {"scores": ("q", "k"), "values": ("p", "v"), "backward-dp": ("dout", "v"),
-                 "backward-dv": ("dout", "p"), "backward-dq": ("ds", "k"), "backward-dk": ("q", "ds")}[variant]
-        operands = {}
-        for role, value in zip(reads, phase.inputs):
-            operands[role] = self._heads(value, transposed=(role == "k" and group.k_transposed))
-        results, cycles = [], []
-        for h in range(next(iter(operands.values())).shape[0]):
-            bits, c = Attention().execute(self._device(), plan, {r: _floats(v[h]) for r, v in operands.items()})
-            results.append(bits)
-            cycles.append(c)
-        out = np.stack(results)
-        target = phase.outputs[0]
-        if variant in ("values", "backward-dv", "backward-dq", "backward-dk"):
-            like = {"values": group.q, "backward-dv": group.v, "backward-dq": group.q,
-                    "backward-dk": group.k}[variant]
-            shape = self.values[like].shape
-            if variant == "backward-dk" and group.k_transposed:
-                out = np.swapaxes(out.reshape(shape[:-2] + (t, dh)), -1, -2)
-            out = np.ascontiguousarray(out).reshape(shape)
-        self.values[target] = out
-        return cycles
+        tiling = self._tiling(phase)
+        kernel = round_kernel(tiling, phase.arg("variant"), phase.arg("scale"), len(tiling.rounds[phase.arg("round")]))
+        return [self._run_round(phase, kernel, f"attention {phase.name}")]
 
-    def _op_softmax(self, phase: GptPhase):
-        variant, t = phase.arg("variant"), phase.arg("t")
-        plan = dataclasses.replace(kernel_plan(self.config, "softmax", {"n": t, "variant": variant}),
-                                   scale=phase.arg("scale"))
-        blocks = [self.values[name] for name in phase.inputs]
-        results, cycles = [], []
-        for h in range(blocks[0].shape[0]):
-            inputs = {"scores": _floats(blocks[0][h])} if variant == "forward" else \
-                {"p": _floats(blocks[0][h]), "dp": _floats(blocks[1][h])}
-            bits, c = SoftmaxKernel().execute(self._device(), plan, inputs)
-            results.append(bits)
-            cycles.append(c)
-        self.values[phase.outputs[0]] = np.stack(results)
-        return cycles
-
+    _op_softmax = _op_attention
