@@ -190,9 +190,10 @@ def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap
         return 0
     span = most * period
     cores.pc[:] += most * shift
-    cores.free_at[:] += span
-    cores.written_at[:] += span
-    cores.waited_at[:] += span
+    live = ~cores.done          # a PE done before the period keeps its exit (a repeat cannot end a PE)
+    cores.free_at[live] += span
+    cores.written_at[live] += span
+    cores.waited_at[live] += span
     ports.left[:] -= most * injected
     ports.left_total[:] = ports.left.sum(axis=1)
     scalars[_TO_INJECT] -= most * int(injected.sum())
