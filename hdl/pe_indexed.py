@@ -60,10 +60,11 @@ def indexed_control(m, pe, d, rx, vec) -> Indexed:
     ]
     with m.If(index_cycle):
         m.d.sync += in_chunk.eq(take)
-    with m.If(take):
-        pe._write_dsd(m, dec.da, base=head[:16])
+    # fdotx's +1 first: where dd and da name one register, the index written after it wins (as in golden)
     with m.If(index_cycle & in_chunk & d.is_("fdotx")):
         pe._write_dsd(m, dec.dd, base=d.vd.base + 1)
+    with m.If(take):
+        pe._write_dsd(m, dec.da, base=head[:16])
     with m.If(end):
         m.d.comb += [d.reg_we.eq(1), d.reg_data.eq(head[:DATA_BITS])]
     return Indexed(is_x, in_chunk, pop, end, stall)

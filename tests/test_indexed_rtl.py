@@ -74,6 +74,25 @@ def test_fmacx_and_fdotx_rtl_equals_golden():
     compare(SHALLOW, [Job(program, inputs=_inputs(), seed=7, offer_p=0.5)])
 
 
+ALIASED = """
+.task 0, main
+.data
+x:    .float 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+dy:   .float 0.5, -2, 4, 1.5
+dx:   .dsd mem, base=0, len=1
+ddy:  .dsd mem, base=dy, len=4
+.text
+main: ldsd d1, dx(r0)
+      ldsd d4, ddy(r0)
+      fdotx d1, d1, d4, 2, r4     ; dd and da one register: each index wins over the +1
+      exit
+"""
+
+
+def test_fdotx_with_dd_and_da_one_register_rtl_equals_golden():
+    compare(CFG, [Job(asm(ALIASED), inputs={2: [(0, 0), (8, 0), (0x55, 1)]})])
+
+
 def test_fmacx_and_fdotx_results_and_cycles():
     program = asm(PROGRAM)
     (run,) = golden_runs(CFG, [Job(program, inputs=_inputs())])
