@@ -8,7 +8,7 @@ contiguous blocks; PE ``(x, y)`` holds its queries times its keys of a
 softmax reads, and the softmax leaves ``p`` (or ``ds``) in the blocks
 ``values`` (``dq``, ``dv``, ``dk``) reads: strung into one step, ``s`` and
 ``p`` need not leave the PEs (the three are separate programs here; the
-step's mapping is ``docs/transformer.md`` section 8).
+step's mapping is ``docs/transformer.md`` section 11).
 
 What crosses the fabric: the ``T x Dh`` operands as rows. A mesh row's
 queries' rows (``q`` or ``dout``) enter at its west edge and the router

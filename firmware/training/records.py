@@ -63,15 +63,18 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
                ("inp", DSD), ("y", DSD)),
     # The weight gradients of a masked layer; followed by the table counts[H] (outputs per rotation
     # step) and, per output in rotation order, the kept weights of this row (read by the cycle model);
-    # ``w`` names the color of the mask's index stream (train.s receives it on C_W).
+    # ``w`` names the color of the mask's index stream (train_sparse.s receives it on C_W).
     "spwgrad": (("t", "word"), ("h", "word"), ("bias", "word"), ("send_first", "word"), ("own", "word"),
                 ("buf0", "word"), ("buf1", "word"), ("ga", "word"), ("g", DSD), ("gall", DSD), ("zero", DSD),
                 ("x", DSD), ("eout", DSD), ("ein", DSD), ("dyo", DSD), ("rout", DSD), ("rin", DSD),
                 ("mem", DSD), ("w", DSD)),
 }
 
-#: The ring kinds of a sparse step, as the ``steps`` table of an ``spgemm`` record codes them; the
-#: ring part of a block names each step's kind as ``-(kind + 1)`` (``train.s``'s ``spgemm``).
+#: The ring kinds of a sparse step, as the ``steps`` table of an ``spgemm`` record codes them. The
+#: ring part of a block names each step's kind by a marker (``train_sparse.s``'s ``spgemm``, included
+#: by ``train.s``): ``-(kind + 1)`` (-1 .. -4) for a step with a non-zero on the row, which runs on its
+#: slot, and 1, 0, 2, 3 for first, mid, last, only of a step without one, which runs on the zero block
+#: (``ws_phases._RING_MARKS``).
 SPARSE_KINDS = {"first": 0, "mid": 1, "last": 2, "only": 3}
 
 #: The prefix of each kind's offset constants in ``train.s``.

@@ -7,6 +7,9 @@ first step's heatmaps and timeline), prints a Markdown page and writes it to
 (to jump there in GTKWave or the timeline), FMAC utilization (whole step and
 streamed GEMMs, labelled), the most stalled PEs, the busiest links, stall
 causes, MemoryX and SwarmX traffic, and links to the pictures and the trace.
+For a GPT run: its model, backend and losses and, when the run's device ran
+the step as fabric phases (``--backend golden|vector|verilator|icarus``), the
+cycles per step and per phase kind that ``fabric.txt`` holds.
 
 Usage: wse report RUN [--no-write]
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from wse.atomic import atomic_open
@@ -27,6 +31,13 @@ __all__ = ["report_text", "main", "REPORT_NAME"]
 
 #: The report's file in the run folder.
 REPORT_NAME = "report.md"
+
+
+#: The first line of a GPT run's ``fabric.txt`` when its device runs the step as fabric phases
+#: (:class:`~wse.host.appliance.gpt.GptPlan`): phases, cycles per step and cycles per kind.
+_GPT_CYCLES = re.compile(r"the training step as (\d+) fabric phases \(.*?\): ([\d,]+) cycles per step "
+                         r"by the static cycle model \((.*)\)\s*$")
+_GPT_KIND = re.compile(r"([a-z_-]+) (\d{1,3}(?:,\d{3})*)(?=, [a-z]|$)")
 
 
 def _read_json(path: Path) -> dict | None:
@@ -77,6 +88,33 @@ def _summary_lines(summary: dict | None, fabric_text: str) -> list[str]:
     return lines + [""]
 
 
+def _gpt_lines(summary: dict | None, fabric_text: str) -> list[str]:
+    """The report of a GPT run: what it trained and, from ``fabric.txt``, its fabric cycles if it has any."""
+    head = fabric_text.splitlines()[0] if fabric_text else "(no fabric.txt)"
+    lines = ["## The run", "", f"- program: {head}"]
+    if summary is None:
+        lines.append("- no summary.json yet: the run has not finished")
+    else:
+        s = summary["settings"]
+        lines += [f"- GPT {summary['model']} ({summary['parameter_count']:,} parameters) on {summary['corpus']}, "
+                  f"{s['mesh']} mesh, {summary['backend']} backend, batch {s['batch']}, {summary['steps']} steps",
+                  f"- validation loss {summary['validation_loss']:.4f} (unigram {summary['unigram_validation_loss']:.4f}), "
+                  f"wall time {summary['wall_s']:.1f} s"]
+    found = _GPT_CYCLES.search(head)
+    if found is None:
+        backend = summary["backend"] if summary is not None else "functional"
+        return lines + [f"- no fabric cycles: the {backend} backend runs the step on the functional model "
+                        "(--backend golden, vector, verilator or icarus runs it as fabric phases, "
+                        "docs/transformer.md section 11)", ""]
+    phases, cycles = int(found.group(1)), int(found.group(2).replace(",", ""))
+    kinds = {k: int(c.replace(",", "")) for k, c in _GPT_KIND.findall(found.group(3))}
+    lines += [f"- cycles per step: {cycles:,} ({phases} fabric phases, static cycle model; "
+              "docs/transformer.md section 11)", "",
+              "| phase kind | cycles | share of the step |", "|---|---:|---:|"]
+    lines += [f"| {kind} | {c:,} | {c / max(cycles, 1):.1%} |" for kind, c in kinds.items()]
+    return lines + [""]
+
+
 def _picture_lines(index: dict | None, run: Path) -> list[str]:
     if index is None:
         return ["## Inside the fabric", "", "- no pictures: per-PE heatmaps and the timeline of the first step "
@@ -117,10 +155,9 @@ def report_text(run: str | Path) -> str:
     summary = _read_json(run / SUMMARY_NAME)
     if summary is None and not fabric.is_file():
         raise UsageError(f"RUN {run}: not a run folder of wse train (no {SUMMARY_NAME} or {FABRIC_NAME} in it)")
-    if summary is not None and summary.get("kind") == "gpt":
-        raise UsageError(f"RUN {run}: a GPT run has no fabric cycles to report yet (its phases are not compiled "
-                         f"for the fabric); its results are in {run / SUMMARY_NAME} and train.log")
     fabric_text = fabric.read_text(encoding="utf-8") if fabric.is_file() else ""
+    if (summary is not None and summary.get("kind") == "gpt") or fabric_text.startswith("mode: weight streaming,"):
+        return "\n".join([f"# Run report: {run}", ""] + _gpt_lines(summary, fabric_text))
     index = _read_json(run / PICTURES_DIR / "phases.json")
     lines = [f"# Run report: {run}", ""] + _summary_lines(summary, fabric_text) + _picture_lines(index, run)
     return "\n".join(lines)

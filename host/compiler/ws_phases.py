@@ -133,8 +133,8 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
     return parts, streams, fmacs
 
 
-#: The marker words of a sparse stream (``train.s``'s ``spgemm``), as the pool holds them after +0 and -0:
-#: in the compute part -1 the carriage return after a step's pairs, -3 the ring part; in the ring part
+#: The marker words of a sparse stream (``spgemm`` of ``train_sparse.s``, included by ``train.s``), as
+#: the pool holds them after +0 and -0: in the compute part -1 the carriage return after a step's pairs, -3 the ring part; in the ring part
 #: -1 FIRST, -2 MID, -3 LAST, -4 ONLY on the step's slot, 1, 0, 2, 3 the same for a step without a
 #: non-zero on the row (on the zero block), -5 the next block, -6 the end of the stream.
 _MARKS = (-1, -2, -3, -4, -5, -6, 0, 1, 2, 3)
@@ -334,8 +334,8 @@ def _scratch_run(ctx: Context, names) -> tuple[int, int]:
 
 def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[list, list, list, int]:
     """Records, the mask's index streams and the gradient streams of a masked
-    layer's weight gradients (``train.s``'s ``spwgrad``): wgrad's rotation and
-    row chain over the kept weights only. Row ``i``'s index stream holds, per
+    layer's weight gradients (``spwgrad`` of ``train_sparse.s``, which ``train.s`` includes): wgrad's
+    rotation and row chain over the kept weights only. Row ``i``'s index stream holds, per
     rotation step and output of the held block, a marker (-1, or -5 for a bias
     partial first) and the addresses of the kept features' blocks of ``x``
     (feature-major; ``fdotx`` takes them and stops at the next marker); the row

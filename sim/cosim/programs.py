@@ -525,7 +525,8 @@ on4:    li r3, 4
         exit
 """, (4,), (), [("W", 0, 4, [100, 101], None)], [22, 21, 20]),
     # Indexed vectors: fmacx (index/value pairs on color 1 until a control wavelet) and fdotx
-    # (indices on color 2, weights in memory, one result word per index).
+    # (indices on color 2, weights in memory, one result word per index); the last fmacx has dd shorter
+    # than da (dd 2 words, da 4): two weights per index.
     "indexed": ("""
 .data
 xs:    .float 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, -0.5, 0.25, 3.0, -2.0
@@ -537,6 +538,7 @@ dx:    .dsd mem, base=0, len=4, stride=1
 win:   .dsd fabin, color=1, len=0
 ddy:   .dsd mem, base=dys, len=4, stride=1
 dg:    .dsd mem, base=g, len=1, stride=1
+dg2:   .dsd mem, base=acc, len=2, stride=1
 .text
 .task 20, main
 main:   ldsd d0, dacc(r0)
@@ -547,9 +549,12 @@ main:   ldsd d0, dacc(r0)
         fmacx d0, d1, d2, 1, r3
         fdotx d4, d1, d3, 2, r4
         fmacx d0, d1, d2, 1, r5
+        ldsd d5, dg2(r0)
+        fmacx d5, d1, d2, 1, r6
         exit
-""", (1, 2), (), [("W", 0, 1, [4, 0x3f000000, 0, 0xc0000000, 8, 0x40400000, 0xffffffff, 7],
-                        [0, 0, 0, 0, 0, 0, 1, 1]),
+""", (1, 2), (), [("W", 0, 1, [4, 0x3f000000, 0, 0xc0000000, 8, 0x40400000, 0xffffffff, 7,
+                              0, 0x3fc00000, 0xbf800000, 4, 0x40000000, 0x3e800000, 9],
+                        [0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1]),
                   ("W", 0, 2, [0, 8, 4, 0xfffffffe], [0, 0, 0, 1])], [20]),
 }
 

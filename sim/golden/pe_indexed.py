@@ -57,19 +57,18 @@ def index_cycle(pe, t: int) -> None:
     if pe.stall_at is not None:
         pe_stall_end(pe, t)
     data, ctrl = queue[0]
+    da = srcs[0]
+    if not ctrl:
+        _check_index(pe, ins, dst, srcs, data)
     fab.rx_pops.append((pe, color))
     if pe.trace is not None:
         pe.trace.append(f"{t:8d} recv  color {color} data {data:#010x} ctrl {ctrl}")
     if ctrl:
         _finish(pe, t, data)
         return
-    da, db = srcs
     da[1] = data & 0xFFFF
     ld, la = dst[2], da[2]
     n = max(ld, la) if min(ld, la) else 0
-    if n == 0:
-        raise pe.fault(f"{ins.name} with no elements per index (dd and da must not be empty)")
-    pe._fmacw_check(dst, srcs, n)
     pe.counters["flops"] += n
     pe.counters["fmac"] += n
     pe.xvec[4] += n + 1
@@ -80,6 +79,22 @@ def index_cycle(pe, t: int) -> None:
     else:
         pe.vec = [_FMACW, f, dst, srcs, 0, n, 0, 0]
         fab.schedule(pe, t + 1)
+
+
+def _check_index(pe, ins, dst, srcs, data: int) -> None:
+    """Raise the fault of index wavelet ``data`` (no elements, or a span leaving memory) before the PE
+    changes: at a fault the wavelet stays queued and ``da.base`` keeps its value, as in the vector model."""
+    da = srcs[0]
+    ld, la = dst[2], da[2]
+    n = max(ld, la) if min(ld, la) else 0
+    if n == 0:
+        raise pe.fault(f"{ins.name} with no elements per index (dd and da must not be empty)")
+    old = da[1]
+    da[1] = data & 0xFFFF
+    try:
+        pe._fmacw_check(dst, srcs, n)
+    finally:
+        da[1] = old
 
 
 def chunk_done(pe, last_write: int) -> None:

@@ -345,28 +345,39 @@ class TorchFabric(VectorFabric):
         return went, begun
 
     def _indexed(self, pes: torch.Tensor, t: int) -> None:
-        """Cycle ``t`` of the ``fmacx``/``fdotx`` of ``pes`` (:func:`.vindexed.indexed_cycle` on the arrays)."""
+        """Cycle ``t`` of the ``fmacx``/``fdotx`` of ``pes`` (:func:`.vindexed.indexed_cycle` on the arrays).
+        On the CPU the arrays share the tensors' memory; on another device only the rows of ``pes`` are
+        copied to the host and back."""
         T, K, c = self.T, self.K, self.T.counters
         names = ("rdata", "rctrl", "rhead", "rcount", "mem", "regs", "dsd_base", "xstage", "xbusy", "vi", "vn",
                  "instr_start", "time", "waiting", "pc")
         tensors = [getattr(T, n) for n in names] + [c["stall"], c["fmac"], c["flops"]]
-        arrays = [x.numpy() if x.device.type == "cpu" else x.cpu().numpy() for x in tensors]
+        fixed = [T.base, T.dsd_kind, T.dsd_len, T.dsd_stride]
+        host = T.mem.device.type == "cpu"
+        if host:
+            arrays = [x.numpy() for x in tensors]
+            fixed = [x.numpy() for x in fixed]
+            ids = pes.numpy()
+        else:                                                # the rows of pes, renumbered 0 .. len(pes) - 1
+            arrays = [x[pes].cpu().numpy() for x in tensors]
+            fixed = [x[pes].cpu().numpy() for x in fixed]
+            ids = np.arange(pes.numel(), dtype=np.int64)
         for i in (0, 4, 5):                                  # bit patterns: int32 tensors, uint32 arrays
             arrays[i] = arrays[i].view(np.uint32)
         rdata, rctrl, rhead, rcount, mem, regs, dsd_base, xstage, xbusy, vi, vn, start, time, waiting, pc, \
             stall, fmac, flops = arrays
         code = [x.cpu().numpy() for x in (K.op, K.rd, K.dd, K.da, K.db, K.color)]
-        fixed = [x.cpu().numpy() for x in (T.base, T.dsd_kind, T.dsd_len, T.dsd_stride)]
         fault = np.zeros(3, dtype=np.int64)
         self.moved += vindexed.indexed_cycle(
-            pes.cpu().numpy(), t, self.colors, *code, fixed[0], pc, rdata, rctrl, rhead, rcount, mem, regs, fixed[1],
+            ids, t, self.colors, *code, fixed[0], pc, rdata, rctrl, rhead, rcount, mem, regs, fixed[1],
             dsd_base, fixed[2], fixed[3], xstage, xbusy, vi, vn, start, time, waiting, stall, fmac, flops, fault)
-        for x, a in zip(tensors, arrays):
-            if x.device.type != "cpu":
-                x.copy_(torch.from_numpy(a.view(np.int32) if a.dtype == np.uint32 else a))
+        if not host:
+            for x, a in zip(tensors, arrays):
+                x[pes] = torch.from_numpy(a.view(np.int32) if a.dtype == np.uint32 else a).to(x.device)
         if fault[1]:
+            pe = int(fault[0]) if host else int(pes[int(fault[0])])
             self._to_host()
-            raise self.indexed_fault(int(fault[0]), int(fault[1]), int(fault[2]))
+            raise self.indexed_fault(pe, int(fault[1]), int(fault[2]))
 
     def _begin_vector(self, pes: torch.Tensor, rows: torch.Tensor) -> None:
         """Start fabric vector instructions (``vector.begin_fabric_vector``)."""
