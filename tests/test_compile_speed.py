@@ -423,3 +423,25 @@ def test_closing_cycles_of_any_length_give_the_full_replay_count(case, seed):
         changed = _with_closing(ops, starts, ends, rng)
         assert memo.cycles(network, changed, starts, ends, inject) == _full(network, changed, starts, ends, inject)
         assert memo.hits == hits + 1, name
+
+
+def test_distinct_replays_start_longest_first_with_the_same_counts(monkeypatch):
+    """The threads take the distinct replays in decreasing replay volume (PEs times the
+    longest PE's own cycles); the counts are those of one thread and of the reference."""
+    from wse.host.compiler import cycles
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(6, 24, 24, 3), torch.randn(5, 6)), FabricConfig(width=3, height=2), 5)
+    ops = np.array([[0, 5, 0, 0, 0, 0], [2, 7, 1, -1, -1, 0], [1, 0, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0]])
+    assert cycles.replay_volume(ops, np.array([0, 2, 3]), np.array([4, 4, 4])) == 3 * 12
+    started, real = [], cycles._replay_exits
+
+    def spy(network, ops, starts, ends, inject, **kwargs):
+        started.append(cycles.replay_volume(ops, starts, ends))
+        return real(network, ops, starts, ends, inject, **kwargs)
+    monkeypatch.setattr(cycles, "_replay_exits", spy)
+    monkeypatch.setattr(cycles, "MEMO", cycles.ReplayMemo())
+    one = cycles.phase_cycles(exe_plan, progress=False, workers=1)
+    assert len(started) >= 4 and started == sorted(started, reverse=True)
+    monkeypatch.setattr(cycles, "MEMO", cycles.ReplayMemo())
+    assert one == cycles.phase_cycles(exe_plan, progress=False, workers=2) == \
+        cycles.phase_cycles(exe_plan, periods=False, reuse=False, progress=False, engine="reference")

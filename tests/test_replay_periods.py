@@ -174,3 +174,33 @@ def test_skips_and_jumps_equal_the_reference_replay_on_random_deeper_shapes(shap
     mesh, sizes, batch, depths = shape
     for name, network, inputs in _phases(mesh, sizes, batch, **depths):
         assert replay(network, *inputs) == replay(network, *inputs, periods=False, engine="reference"), (shape, name)
+
+
+def test_a_run_stopped_at_its_cycle_limit_goes_on_to_the_same_count():
+    """The reference engine keeps its counters when it reaches its cycle limit (the idle skip
+    included), so a run stepped in strides of a few cycles (``bench/column_shift.py`` steps
+    one) ends with the count and the state of one run; square, one-row and one-column
+    meshes, uneven token blocks."""
+    from wse.host.compiler.replay import (_FINISHED, _LAST, _OUT_OF_TIME, _T, _edge_ports, _new_scalars,
+                                          _new_state, _run)
+    stops = 0
+    for mesh, sizes, batch in (((2, 2), (6, 24, 3), 5), ((3, 1), (5, 12, 3), 7), ((1, 3), (4, 15, 3), 4)):
+        for name, network, (ops, starts, ends, inject) in _phases(mesh, sizes, batch):
+            routes, ports = network.routes(), _edge_ports(network, inject)
+            starts = starts.astype(np.int64)
+            ops32 = np.ascontiguousarray(ops, dtype=np.int32)
+            one, stepped = _new_state(routes, ports, starts), _new_state(routes, ports, starts)
+            whole = _new_scalars(starts, ports, -1)
+            assert _run(routes, ports, ops32, *one, whole, 1 << 40, -1) == _FINISHED
+            ports = _edge_ports(network, inject)           # the run took the wavelets out of the first
+            scalars = _new_scalars(starts, ports, -1)
+            while True:
+                status = _run(routes, ports, ops32, *stepped, scalars, int(scalars[_T]) + 3, -1)
+                if status != _OUT_OF_TIME:
+                    break
+                stops += 1
+            assert status == _FINISHED, name
+            assert scalars[_LAST] == whole[_LAST] and scalars[_LAST] + 1 == replay(network, ops, starts, ends, inject)
+            for a, b in zip(one[:2], stepped[:2]):
+                assert all(np.array_equal(x, y) for x, y in zip(a, b)), name
+    assert stops > 100

@@ -50,7 +50,7 @@ from wse.firmware.training import timing
 from .replay import Network, replay, run_replay
 
 __all__ = ["phase_cycles", "executable_cycles", "op_table", "with_end", "phase_ops", "executable_phase_ops",
-           "phase_injections", "replay", "Network", "ReplayMemo", "MEMO", "closing_cycles"]
+           "phase_injections", "replay", "Network", "ReplayMemo", "MEMO", "closing_cycles", "replay_volume"]
 
 
 def closing_cycles(ops: np.ndarray, starts, ends) -> tuple[np.ndarray, np.ndarray]:
@@ -189,6 +189,23 @@ def _workers(jobs: int, workers: int | None) -> int:
     return max(1, min(jobs, workers))
 
 
+def replay_volume(ops, starts, ends) -> int:
+    """A replay's size for ordering work: PEs times the longest PE's private and
+    vector cycles (``BUSY`` cycles plus vector lengths; no stalls).
+
+    The distinct replays of a compile start longest first on the threads
+    (:func:`_replay_phases`), so a long one does not start last behind short
+    ones (on two threads the 2048-wide MLP's cycle model then waits about its
+    longest replay, not that one after two others); the order changes no count."""
+    ops = np.asarray(ops)
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if starts.shape[0] == 0:
+        return 0
+    own = np.where((ops[:, 0] == timing.BUSY) | (ops[:, 0] == timing.VEC), ops[:, 1], 0).astype(np.int64)
+    total = np.concatenate([[0], np.cumsum(own)])
+    return int((total[ends] - total[starts]).max()) * int(starts.shape[0])
+
+
 def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engine: str | None,
                    progress: bool, workers: int | None) -> dict[str, int]:
     """Cycles of ``phases`` (``(name, (ops, starts, ends), inject)``), each distinct replay once.
@@ -217,8 +234,9 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
             ThreadPoolExecutor(_workers(len(todo), workers)) as pool:
         for name in out:
             bar.step(name)
-        running = {pool.submit(_replay_exits, *args, periods=periods, engine=engine): digest
-                   for digest, (_, args) in todo.items()}
+        order = sorted(todo, key=lambda d: -replay_volume(*todo[d][1][1:4]))     # longest first
+        running = {pool.submit(_replay_exits, *todo[digest][1], periods=periods, engine=engine): digest
+                   for digest in order}
         for done in as_completed(running):
             digest = running[done]
             result = done.result()

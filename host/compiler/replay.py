@@ -396,6 +396,9 @@ def _next_wake(cores, t, limit):
 
 # ---------------------------------------------------------------- the cycle loop
 
+# _next_wake's answer when no PE goes on by itself.
+_NO_WAKE = 1 << 62
+
 # Packed routes of recent runs (pack_routes), by the identity of their target table (kept alive here).
 _PACKED: dict = {}
 
@@ -403,9 +406,12 @@ _PACKED: dict = {}
 def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
     """Run cycles from the state until every PE reached ``END`` and the fabric
     is empty (``_FINISHED``; ``scalars[_LAST]`` is the last cycle with an
-    event), or it hangs (``_OUT_OF_TIME``, ``_DEADLOCK``), or, with ``watch >=
-    0``, until the start of a cycle at which PE ``watch`` stands at op row
-    ``scalars[_SEEN_PC]`` or later (``_STOPPED``; calling again goes on).
+    event), or it hangs (``_DEADLOCK``), or it reaches the start of cycle
+    ``limit`` (``_OUT_OF_TIME``, a hang to a caller that gave the run all the
+    time it may take; the counters are kept, so a call with a later limit goes
+    on: a run stepped a cycle at a time, e.g. ``bench/column_shift.py``), or,
+    with ``watch >= 0``, until the start of a cycle at which PE ``watch`` stands
+    at op row ``scalars[_SEEN_PC]`` or later (``_STOPPED``; calling again goes on).
     The reference engine: every router and PE visited every cycle."""
     packed = _PACKED.get(id(routes.target))
     if packed is None or packed[0] is not routes.target:
@@ -426,8 +432,9 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
     tx_wavelets, to_inject, last = scalars[_TX], scalars[_TO_INJECT], scalars[_LAST]
     status = _FINISHED
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
-        if t >= limit:
-            return _OUT_OF_TIME
+        if t >= limit:          # the counters are kept: a run may go on with a later limit
+            status = _OUT_OF_TIME
+            break
         if watch >= 0 and cores.pc[watch] >= scalars[_SEEN_PC]:
             status = _STOPPED
             break
@@ -455,8 +462,8 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
             # goes on by itself. An edge port that injected nothing into empty
             # FIFOs has no route for its colors, and never will: a wavelet it
             # still holds is a hang once no PE is left to wake.
-            wake = _next_wake(cores, t, limit)
-            if wake < limit:
+            wake = _next_wake(cores, t, _NO_WAKE)
+            if wake < _NO_WAKE:      # at or after limit: stopped at the loop's top, the counters kept
                 t = wake
                 continue
             if running > 0 or to_inject > 0:
