@@ -31,8 +31,9 @@ compiled phases (``wse.host.compiler.gpt_phases.compile_gpt``, docs/transformer.
 section 11) of the same model and batch on the mesh, with the static cycle
 model's count of every phase (the kernels' mirrors and the streamed GEMM's
 replay, each equal to the golden model's by tests/test_gpt_fabric.py, the
-``relayout`` programs of the attention's operands included; the ``moves``
-kind, MemoryX's embedding rows, is the one modeled edge-stream cost): one JSON line per phase kind
+``relayout`` programs of the attention's operands and the ``rows`` programs,
+MemoryX's embedding rows streamed in and their gradients out at the mesh
+edges, included; only the ``host`` kind has no cycles): one JSON line per phase kind
 (cycles per step, device runs, multiply-accumulate elements and FMAC
 utilization = those elements per PE and cycle) and a line with the whole
 step's cycles. ``--no-fabric`` leaves the fabric part out.

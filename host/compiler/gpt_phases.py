@@ -23,9 +23,10 @@ kernels share. Phases by kind:
 ``gelu``       GELU forward and backward (``gelu.s``)
 ``residual``   ``add(a, b)`` (``residual.s``): residual additions, the embeddings' sum,
                the gradient sums of a value read by several operations
-``moves``      MemoryX's embedding rows in and their gradients out at the mesh edge
-               (the one modeled cost, :func:`edge_cycles`)
-``host``       the loss and its delta (host, float64 loss as for the MLP); views
+``rows``       MemoryX's embedding rows in and their gradients out: edge streams of a program
+               (``firmware/kernels/embedding_rows.py``), each token's row into its PEs
+``host``       the loss and its delta (host, float64 loss as for the MLP); MemoryX's gather of
+               the rows a batch uses and its token-order sums of their gradients; views
 =============  ======================================================================
 
 The float order of every phase is the reference's
@@ -44,11 +45,13 @@ from typing import Any
 import numpy as np
 
 from wse.config import FabricConfig, UsageError
-from wse.firmware.kernels import attention_timing, gelu_timing, layernorm_bwd_timing, layernorm_timing
+from wse.firmware.kernels import attention_timing, embedding_rows_timing, gelu_timing, layernorm_bwd_timing
+from wse.firmware.kernels import layernorm_timing
 from wse.firmware.kernels import residual as residual_kernel
 from wse.firmware.kernels import softmax_timing
 from wse.firmware.kernels.attention import Attention
 from wse.firmware.kernels.common import block_partition
+from wse.firmware.kernels.embedding_rows import plan_rows
 from wse.firmware.kernels.gelu import Gelu
 from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
 from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
@@ -64,10 +67,10 @@ from .transformer_ir import (GELU, Add, CausalAttention, CausalMask, Embedding, 
                              TransformerGraph)
 
 __all__ = ["GptPhase", "GptSchedule", "AttentionGroup", "compile_gpt", "attention_groups", "linear_executable",
-           "kernel_plan", "kernel_cycles", "edge_cycles", "KINDS", "GEMM_GRAPH_WEIGHT", "GEMM_GRAPH_BIAS"]
+           "kernel_plan", "kernel_cycles", "rows_cycles", "KINDS", "GEMM_GRAPH_WEIGHT", "GEMM_GRAPH_BIAS"]
 
 #: The phase kinds, in the order reports list them.
-KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "relayout", "moves", "host")
+KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "relayout", "rows", "host")
 #: The parameter names of the one-layer executable a linear layer's phases run on.
 GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS = "l2.weight", "l2.bias"
 
@@ -85,7 +88,7 @@ class GptPhase:
     op:
         What the driver runs (``linear``, ``linear-data``, ``linear-weight``,
         ``attention``, ``softmax``, ``layernorm``, ``layernorm-bwd``, ``gelu``,
-        ``gelu-bwd``, ``residual``, ``embedding``, ``embedding-grad``, ``move``,
+        ``gelu-bwd``, ``residual``, ``embedding``, ``embedding-grad``, ``rows-in``, ``rows-out``,
         ``relayout-in``, ``relayout-out``, ``view``, ``view-bwd``, ``loss``).
     node:
         The graph node it belongs to.
@@ -98,7 +101,7 @@ class GptPhase:
         Device runs of the phase.
     cycles:
         Fabric cycles of one run by the static cycle model (a relayout: its stages' together;
-        ``moves``: the modeled edge streams; ``host``: 0).
+        ``host``: 0).
     fmacs:
         Multiply-accumulate elements of one run (the GEMMs' and the attention
         products'; 0 for the others, which multiply and add but not as
@@ -247,12 +250,13 @@ def kernel_cycles(config: FabricConfig, op: str, sizes: dict, eps: float | None 
     return _kernel_cycles(config, op, tuple(sorted(sizes.items())), eps)
 
 
-def edge_cycles(config: FabricConfig, features: int, tokens: int) -> int:
-    """The modeled cycles of one edge stream of a ``tokens x features`` block in the streamed GEMM's
-    layout: mesh row ``y`` takes its ``tokens * ceil-or-floor(features / H)`` words through its one
-    edge link, one word per cycle, plus ``W - 1`` hops to the far column."""
-    rows = max(len(range(y, features, config.height)) for y in range(config.height))
-    return rows * tokens + config.width - 1
+@functools.lru_cache(maxsize=64)
+def rows_cycles(config: FabricConfig, features: int, tokens: int, direction: str) -> int:
+    """Cycles of one stream of a ``tokens x features`` block of embedding rows between MemoryX and
+    the PEs (``direction``: ``"in"`` or ``"out"``) by its static cycle mirror (cached)."""
+    plan = plan_rows(config, tokens, features, direction)
+    routes, ops, starts, ends, inject = embedding_rows_timing.timing_ops(plan)
+    return int(replay(Network(config, routes), ops, starts, ends, inject, periods=False))
 
 
 # Streamed GEMM executables -----------------------------------------------------------------------
@@ -302,9 +306,11 @@ class _Builder:
         p = exe.phases[phase]
         return p.cycles, p.fmacs
 
-    def moves(self, name: str, node: str, features: int, streams: int, inputs=(), outputs=()) -> None:
-        self.emit(name, "moves", "move", node, inputs, outputs, {"words": streams * self.N * features},
-                  1, streams * edge_cycles(self.config, features, self.N) if self.with_cycles else 0)
+    def rows(self, name: str, node: str, features: int, direction: str, inputs, outputs) -> None:
+        """MemoryX's rows into the tokens' PEs, or the tokens' row gradients out (a program)."""
+        self.emit(name, "rows", f"rows-{direction}", node, inputs, outputs,
+                  {"words": self.N * features, "features": features}, 1,
+                  rows_cycles(self.config, features, self.N, direction) if self.with_cycles else 0)
 
     # -- forward --
     def forward(self, node: TNode) -> None:
@@ -312,8 +318,9 @@ class _Builder:
         if isinstance(node, (Tokens, Positions, SequenceCrossEntropy)) or n in self.covered:
             return
         if isinstance(node, Embedding):
-            self.moves(f"rows {n}", n, node.dim, 1, node.inputs, ())
-            self.emit(f"gather {n}", "host", "embedding", n, node.inputs, (n,), {"weight": node.weight_name})
+            self.emit(f"gather {n}", "host", "embedding", n, node.inputs, (f"rows:{n}",),
+                      {"weight": node.weight_name})
+            self.rows(f"rows {n}", n, node.dim, "in", (f"rows:{n}",), (n,))
         elif isinstance(node, Add):
             self.emit(f"add {n}", "residual", "residual", n, node.inputs, (n,), {},
                       1, self.kernel("residual", {"rows": self.N, "cols": node.shape[-1]}))
@@ -408,8 +415,8 @@ class _Builder:
         if isinstance(node, Add):
             return [(node.inputs[0], g), (node.inputs[1], g)]
         if isinstance(node, Embedding):
-            self.moves(f"rows-grad {n}", n, node.dim, 1, (g,), ())
-            self.emit(f"scatter {n}", "host", "embedding-grad", n, (g, node.inputs[0]), (),
+            self.rows(f"rows-grad {n}", n, node.dim, "out", (g,), (f"dx:{n}",))
+            self.emit(f"scatter {n}", "host", "embedding-grad", n, (f"dx:{n}", node.inputs[0]), (),
                       {"weight": node.weight_name, "rows": node.num_embeddings})
             return []
         if isinstance(node, LayerNorm):

@@ -12,9 +12,12 @@ takes no fabric cycles). A head's ``q``, ``k``, ``v`` (and ``dout``) reach
 the attention's tiles by a relayout program and its results leave by one
 (:mod:`wse.host.compiler.gpt_tiles`); within a round of tiles every program
 finds its inputs at the address the previous one left them (the round's
-memory image). The loss and its delta are the host's (float64 loss, the
-reference's delta), as are the embedding tables' rows (MemoryX: a modeled
-edge stream) and their row sums.
+memory image). The embedding rows enter and their gradients leave as edge
+streams of a program (``firmware/kernels/embedding_rows.py``): MemoryX (the
+host) gathers the rows a batch uses and streams each token's row into its
+PEs, takes every token's ``dx`` at the edges and adds them into the rows in
+token order. The loss and its delta are the host's (float64 loss, the
+reference's delta).
 
 :class:`GptFabric` ``.step(params, tokens, targets)`` returns the loss, the
 logits, every parameter's gradient and every run's cycles; it equals
@@ -34,6 +37,7 @@ from wse.firmware.deadlock import load_checked
 from wse.firmware.kernels import layernorm as layernorm_kernel
 from wse.firmware.kernels import residual as residual_kernel
 from wse.firmware.kernels.common import read_per_pe, write_params
+from wse.firmware.kernels.embedding_rows import plan_rows
 from wse.firmware.kernels.gelu import Gelu
 from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
 from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
@@ -172,13 +176,35 @@ class GptFabric:
     def _flat(self, name: str, features: int) -> np.ndarray:
         return np.ascontiguousarray(self.values[name]).reshape(-1, features)
 
-    # -- host ops ------------------------------------------------------------------
-    def _op_move(self, phase: GptPhase):
-        return None          # the host carries the values; the schedule counts the modeled edge streams
+    # -- MemoryX's embedding rows -----------------------------------------------------
+    def _token_ids(self, name: str) -> np.ndarray:
+        """The row of every token of the batch (``[B, T]``): token ids, or positions broadcast."""
+        s = self.schedule
+        return np.broadcast_to(self.values[name], (s.sequences, s.context))
 
     def _op_embedding(self, phase: GptPhase):
-        self.values[phase.outputs[0]] = self.w[phase.arg("weight")][self.values[phase.inputs[0]]]
+        """MemoryX gathers each token's row (only the rows the batch uses leave it)."""
+        table = self.w[phase.arg("weight")]
+        self.values[phase.outputs[0]] = table[self._token_ids(phase.inputs[0])]
 
+    def _op_rows_in(self, phase: GptPhase):
+        """The gathered rows streamed in at the edges into every token's PEs."""
+        rows = self.values[phase.inputs[0]]
+        plan = plan_rows(self.config, self.schedule.tokens, phase.arg("features"), "in")
+        words, cycles = plan.execute(self.factory, rows.reshape(-1, rows.shape[-1]), f"rows {phase.node}")
+        self.values[phase.outputs[0]] = words.reshape(rows.shape)
+        return [cycles]
+
+    def _op_rows_out(self, phase: GptPhase):
+        """Every token's row gradient streamed out of its PEs to MemoryX at the edges."""
+        g = self.values[phase.inputs[0]]
+        plan = plan_rows(self.config, self.schedule.tokens, phase.arg("features"), "out")
+        words, cycles = plan.execute(self.factory, np.ascontiguousarray(g).reshape(-1, g.shape[-1]),
+                                     f"rows-grad {phase.node}")
+        self.values[phase.outputs[0]] = words.reshape(g.shape)
+        return [cycles]
+
+    # -- host ops ------------------------------------------------------------------
     def _op_embedding_grad(self, phase: GptPhase):
         g, ids = self.values[phase.inputs[0]], self.values[phase.inputs[1]]
         index = np.broadcast_to(ids, g.shape[:-1])
@@ -216,7 +242,8 @@ class GptFabric:
 
     def _op_residual(self, phase: GptPhase):
         a, b = (self.values[name] for name in phase.inputs)
-        b = np.broadcast_to(b, a.shape)
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
         features = a.shape[-1]
         plan = self._tokens_plan("residual", features)
         inputs = {"a": _floats(a.reshape(-1, features)), "b": _floats(np.ascontiguousarray(b).reshape(-1, features))}
