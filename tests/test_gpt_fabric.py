@@ -49,6 +49,9 @@ def _setup(sequences: int, seed: int = 0, attention: str = "manual", approximate
 
 
 def _check_step(graph, params, x, y, cfg: FabricConfig, device: str) -> None:
+    """Every fabric phase's bits and cycles against the reference. The loss, its delta and the
+    embedding tables' row sums are host code shared with the reference (MemoryX's work), so their
+    own comparison cannot fail; everything they read and feed runs on the device."""
     schedule = compile_gpt(graph, cfg, x.shape[0])
     got = GptFabric(schedule, device).step(params, x, y)
     want = TransformerReference(graph, rows=cfg.height, blocks=schedule.blocks).step(params, x, y)
@@ -151,3 +154,16 @@ def test_step_refuses_a_batch_of_another_shape_and_a_graph_without_loss():
                       loss=None)
     with pytest.raises(UsageError, match="has no loss"):
         compile_gpt(no_loss, FabricConfig(width=2, height=2), 1)
+
+
+def test_a_linear_layer_that_does_not_fit_names_the_gpt_layer():
+    graph, _, x, _ = _setup(2)
+    with pytest.raises(UsageError, match=r"the GPT's linear layer blocks\.0\.attn\.\w+ \(16 -> 16\) over 16 tokens "
+                                         r"\(2 sequences of 8\) does not fit a 1x1 mesh: its streamed GEMM needs \d+ "
+                                         r"words per PE, sram_words is 512"):
+        compile_gpt(graph, FabricConfig(width=1, height=1, sram_words=512), 2, cycles=False)
+
+
+def test_vector_step_equals_the_functional_model():
+    graph, params, x, y = _setup(1, seed=3)
+    _check_step(graph, params, x, y, FabricConfig(width=2, height=2), "vector")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any
 
 import numpy as np
@@ -301,8 +302,16 @@ class _Builder:
         return kernel_cycles(self.config, op, sizes, eps) if self.with_cycles else 0
 
     def gemm(self, node: TokenLinear, phase: str) -> tuple[int, int]:
-        exe = linear_executable(self.config, self.N, node.in_features, node.out_features, node.bias,
-                                self.with_cycles)
+        try:
+            exe = linear_executable(self.config, self.N, node.in_features, node.out_features, node.bias,
+                                    self.with_cycles)
+        except ws.FitError as error:       # name the GPT's layer, not the helper executable
+            need = re.search(r"needs (\d+) words per PE", str(error))
+            detail = (f"its streamed GEMM needs {need.group(1)} words per PE, sram_words is "
+                      f"{self.config.sram_words}" if need else str(error))
+            raise ws.FitError(f"the GPT's linear layer {node.name} ({node.in_features} -> {node.out_features}) "
+                              f"over {self.N} tokens ({self.B} sequences of {self.T}) does not fit a "
+                              f"{self.config.mesh} mesh: {detail}; use a smaller batch or a wider mesh") from None
         p = exe.phases[phase]
         return p.cycles, p.fmacs
 
