@@ -533,10 +533,14 @@ class PE:
         self.vec = None
         if dst is None and f["rd"]:
             self.regs[f["rd"]] = acc
+        self.retire_vector(ins, last_write + 1, n + ins.cycles, now)
+
+    def retire_vector(self, ins, end: int, busy: int, now: int) -> None:
+        """A vector instruction ends in cycle ``end``: its trace line, its stall cycles (those
+        beyond ``busy``), its timeline record; then the next instruction."""
         if self.trace is not None:
             self.trace.append(f"{self.instr_start:8d} task {self.task} pc {self.pc:4d} {self._disasm(self.pc)}")
-        end = last_write + 1
-        self.counters["stall"] += end - self.instr_start - (n + ins.cycles)
+        self.counters["stall"] += end - self.instr_start - busy
         if self.rec is not None:
             self.rec.append(("vector", self.instr_start, end, ins.name))
         self.instr_start = None

@@ -108,12 +108,4 @@ def _finish(pe, t: int, data: int) -> None:
     pe.xvec = None
     if f["rd"]:
         pe.regs[f["rd"]] = data
-    if pe.trace is not None:
-        pe.trace.append(f"{pe.instr_start:8d} task {pe.task} pc {pe.pc:4d} {pe._disasm(pe.pc)}")
-    end = t + 1
-    pe.counters["stall"] += end - pe.instr_start - (busy + ins.cycles)
-    if pe.rec is not None:
-        pe.rec.append(("vector", pe.instr_start, end, ins.name))
-    pe.instr_start = None
-    pe.pc += 1
-    pe.run(end, t)
+    pe.retire_vector(ins, t + 1, busy + ins.cycles, t)
