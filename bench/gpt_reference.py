@@ -30,6 +30,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -118,9 +119,17 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=128, help="validation sequences (default 128)")
     parser.add_argument("--report", type=int, default=50, help="with --validation: steps between evaluations")
     args = parser.parse_args()
+    bad = [f"--{name} {value}" for name, value in (("steps", args.steps), ("lr", args.lr), ("batch", args.batch),
+                                                   ("sequences", args.sequences), ("report", args.report))
+           if value is not None and not value > 0]
+    if bad:
+        print(f"gpt_reference: --steps, --lr, --batch, --sequences and --report must be positive, not "
+              f"{', '.join(bad)}", file=sys.stderr)
+        sys.exit(2)
     torch.set_num_threads(1)
     if args.validation:
-        steps, lr = args.steps or 300, args.lr or 3e-3
+        steps = 300 if args.steps is None else args.steps
+        lr = 3e-3 if args.lr is None else args.lr
         start = time.process_time()
         result = validation_budget(steps, args.batch, lr, args.sequences, args.report,
                                    emit=lambda line: print(json.dumps(line), flush=True))
@@ -130,7 +139,8 @@ def main() -> None:
                           "target_rel": 0.01, "unigram_entropy_nats": round(result["unigram_entropy_nats"], 4),
                           "cpu_s": round(time.process_time() - start, 1)}), flush=True)
         return
-    args.steps, args.lr = args.steps or 10, args.lr or 0.1
+    args.steps = 10 if args.steps is None else args.steps
+    args.lr = 0.1 if args.lr is None else args.lr
     example = _example()
     corpus = load_text_corpus()
     x, y = corpus.sequences("train", example.CONTEXT)

@@ -69,6 +69,8 @@ def _check_step(graph, params, x, y, cfg: FabricConfig, device: str) -> None:
             continue
         assert phase.cycles > 0 and runs == [phase.cycles] * phase.runs, (phase.name, phase.cycles, runs)
         ran += len(runs)
+        if phase.kind in ("gemm", "attention"):    # the PEs' own fmac counters
+            assert got.fmacs[phase.name] == phase.fmacs * phase.runs, (phase.name, got.fmacs[phase.name])
     assert ran == sum(p.runs for p in schedule.phases if p.kind != "host")
     assert {p.op for p in schedule.phases if p.kind == "host"} <= {"embedding", "embedding-grad", "loss", "view",
                                                                    "view-bwd"}
@@ -128,8 +130,9 @@ def test_schedule_phases_and_kinds():
     # the forward before the loss, the backward after it
     assert names.index("fwd head") < names.index("loss") < names.index("bwd-data head")
     assert schedule.blocks == [4, 4, 4, 4]
-    # 16 tokens x 16 features on 4x4: 4 words per PE, each row's west and east halves 8 words each
-    assert 8 < rows_cycles(cfg, 16, 16, "in") < 4 * 16 + 3
+    # 16 tokens x 16 features on 4x4: 4 words per PE, each row's west and east halves 8 words each;
+    # pinned (the golden model's cycles equal it in _check_step)
+    assert rows_cycles(cfg, 16, 16, "in") == 60
 
 
 def test_residual_kernel_bits_and_mirror():
@@ -148,6 +151,10 @@ def test_step_refuses_a_batch_of_another_shape_and_a_graph_without_loss():
     schedule = compile_gpt(graph, FabricConfig(width=2, height=2), 1, cycles=False)
     with pytest.raises(ValueError, match="the schedule runs 1 sequences of 8 tokens"):
         GptFabric(schedule).step(params, np.concatenate([x, x]), np.concatenate([y, y]))
+    with pytest.raises(UsageError, match=r"every token id must be an integer in 0\.\.15, not int64 values in -1\.\.\d+"):
+        GptFabric(schedule).step(params, np.where(x == x[0, 0], -1, x), y)
+    with pytest.raises(UsageError, match=r"every target id must be an integer in 0\.\.15, not int64 values in \d+\.\.16"):
+        GptFabric(schedule).step(params, x, np.where(y == y[0, 0], 16, y))
     with pytest.raises(UsageError, match="sequences must be a positive integer"):
         compile_gpt(graph, FabricConfig(width=2, height=2), 0)
     no_loss = capture(_example().CharGPT(16, layers=1, d_model=16, heads=2, context=8), torch.from_numpy(x),
@@ -164,6 +171,32 @@ def test_a_linear_layer_that_does_not_fit_names_the_gpt_layer():
         compile_gpt(graph, FabricConfig(width=1, height=1, sram_words=512), 2, cycles=False)
 
 
+
+@pytest.mark.parametrize("mesh,sram,what", [
+    ((1, 1), 256, r"embedding tok \(16 features, rows in\)"),
+    ((4, 4), 768, r"attention relayout-in matmul_1 r0 q\+k\+v \(2 heads of 8 x 8\)")])
+def test_rows_and_relayouts_that_do_not_fit_name_the_gpt(mesh, sram, what):
+    graph, _, _, _ = _setup(2)
+    cfg = FabricConfig(width=mesh[0], height=mesh[1], sram_words=sram)
+    with pytest.raises(UsageError, match=rf"^the GPT's {what} over 16 tokens \(2 sequences of 8\) does not fit a "
+                                         rf"{cfg.mesh} mesh: it needs \d+ words per PE, sram_words is {sram}; use a "
+                                         rf"smaller batch or a wider mesh$"):
+        compile_gpt(graph, cfg, 2, cycles=False)
+
+
 def test_vector_step_equals_the_functional_model():
     graph, params, x, y = _setup(1, seed=3)
     _check_step(graph, params, x, y, FabricConfig(width=2, height=2), "vector")
+
+
+def test_a_run_whose_cycles_differ_from_the_static_model_is_refused():
+    """The step compares every device run with the static cycle model as it goes."""
+    import dataclasses
+    graph, params, x, y = _setup(1)
+    schedule = compile_gpt(graph, FabricConfig(width=2, height=2), 1)
+    first = next(i for i, p in enumerate(schedule.phases) if p.cycles)
+    phase = schedule.phases[first]
+    schedule.phases[first] = dataclasses.replace(phase, cycles=phase.cycles + 1)
+    with pytest.raises(RuntimeError, match=rf"phase {phase.name!r} took \[{phase.cycles}\] device cycles but the "
+                                           rf"static cycle model gives \[{phase.cycles + 1}\]"):
+        GptFabric(schedule).step(params, x, y)

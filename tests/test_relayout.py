@@ -13,6 +13,7 @@ import pytest
 
 from wse import numerics as fp
 from wse.config import FabricConfig, UsageError
+from wse.firmware.deadlock import load_checked
 from wse.firmware.kernels import relayout_timing
 from wse.firmware.kernels.attention import attention_operands, attention_products
 from wse.firmware.kernels.common import write_params
@@ -124,7 +125,7 @@ def test_instances_side_by_side_equal_one_head_kernels(width, height, sequences,
             kernel = round_kernel(tiling, variant, scale, len(ids))
             device = _golden(cfg)
             device.load(kernel.program)
-            device.load_routes(kernel.routes)
+            load_checked(device, cfg, kernel.routes, f"attention {variant}", rings=kernel.rings)
             write_params(device, kernel.program, kernel.params)
             device.memcpy_h2d(tiling.base, image)
             device.launch(0)

@@ -315,8 +315,23 @@ class _Builder:
         p = exe.phases[phase]
         return p.cycles, p.fmacs
 
+    def fits(self, what: str, build):
+        """``build()``; a memory refusal of it (a kernel's "needs N words per PE") names the GPT's
+        ``what``, the batch and the mesh, as :meth:`gemm` does."""
+        try:
+            return build()
+        except UsageError as error:
+            need = re.search(r"needs? (\d+) words per PE", str(error))
+            if need is None:
+                raise
+            raise ws.FitError(f"the GPT's {what} over {self.N} tokens ({self.B} sequences of {self.T}) does not fit "
+                              f"a {self.config.mesh} mesh: it needs {need.group(1)} words per PE, sram_words is "
+                              f"{self.config.sram_words}; use a smaller batch or a wider mesh") from None
+
     def rows(self, name: str, node: str, features: int, direction: str, inputs, outputs) -> None:
         """MemoryX's rows into the tokens' PEs, or the tokens' row gradients out (a program)."""
+        what = f"embedding {node} ({features} features, rows {'in' if direction == 'in' else 'gradients out'})"
+        self.fits(what, lambda: plan_rows(self.config, self.N, features, direction))
         self.emit(name, "rows", f"rows-{direction}", node, inputs, outputs,
                   {"words": self.N * features, "features": features}, 1,
                   rows_cycles(self.config, features, self.N, direction) if self.with_cycles else 0)
@@ -379,11 +394,11 @@ class _Builder:
     def relayout(self, group: AttentionGroup, round_: int, op: str, what, inputs, outputs) -> None:
         """A relayout phase: ``what`` is the matrices in (``relayout-in``) or the product out."""
         tiling = self.tiling(group)
-        cycles = 0
-        if self.with_cycles:
-            plan = (relayout_in(tiling, round_, what) if op == "relayout-in" else relayout_out(tiling, round_, what))[0]
-            cycles = sum(relayout_cycles(plan))
         label = f"{op} {group.node} r{round_}" + (f" {'+'.join(what)}" if op == "relayout-in" else f" {what}")
+        build = relayout_in if op == "relayout-in" else relayout_out
+        plan = self.fits(f"attention {label} ({tiling.heads} heads of {tiling.t} x {tiling.dh})",
+                         lambda: build(tiling, round_, what))[0]
+        cycles = sum(relayout_cycles(plan)) if self.with_cycles else 0
         self.emit(label, "relayout", op, group.node, inputs, outputs,
                   {"what": what, "round": round_, "scale": group.scale, "t": tiling.t, "dh": tiling.dh,
                    "heads": tiling.heads}, 1, cycles)

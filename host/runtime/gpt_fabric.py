@@ -20,7 +20,10 @@ token order. The loss and its delta are the host's (float64 loss, the
 reference's delta).
 
 :class:`GptFabric` ``.step(params, tokens, targets)`` returns the loss, the
-logits, every parameter's gradient and every run's cycles; it equals
+logits, every parameter's gradient, every run's cycles (each compared with
+the static cycle model as it runs: a run that differs stops the step) and
+the GEMMs' and attention products' multiply-accumulates as the PEs counted
+them; it equals
 ``TransformerReference(graph, rows=H, blocks=schedule.blocks).step`` bit for
 bit (``tests/test_gpt_fabric.py``).
 """
@@ -33,6 +36,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from wse import numerics as fp
+from wse.config import UsageError
 from wse.firmware.deadlock import load_checked
 from wse.firmware.kernels import layernorm as layernorm_kernel
 from wse.firmware.kernels import residual as residual_kernel
@@ -70,11 +74,16 @@ class FabricStep:
         float32 gradient of every parameter by ``state_dict`` key.
     cycles:
         Phase name -> the cycles of each of its device runs, in order.
+    fmacs:
+        Phase name -> the multiply-accumulates its device runs counted (the PEs' ``fmac``
+        counters summed) of the phases the static model gives multiply-accumulates: the streamed
+        GEMMs' and the attention products'.
     """
     loss: float
     logits: np.ndarray
     grads: dict[str, np.ndarray]
     cycles: dict[str, list[int]]
+    fmacs: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class _GemmBackend(DeviceBackend):
@@ -147,12 +156,14 @@ class GptFabric:
         if tokens.shape != (s.sequences, s.context) or targets.shape != tokens.shape:
             raise ValueError(f"the schedule runs {s.sequences} sequences of {s.context} tokens, not "
                              f"{tokens.shape} (targets {targets.shape})")
+        self._check_ids(tokens, targets)
         self.w = {k: tk.flushed(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
         self.values: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
         self.rows: dict[str, tuple] = {}
         self.images: dict[tuple, np.ndarray] = {}
         self.partial: dict[str, np.ndarray] = {}
+        self.fmacs: dict[str, int] = {}
         self.targets = targets
         self.loss = 0.0
         for node in s.graph.nodes:
@@ -162,11 +173,27 @@ class GptFabric:
                 self.values[node.name] = np.arange(node.shape[0])
         cycles: dict[str, list[int]] = {}
         for phase in s.phases:
-            cycles[phase.name] = self._run(phase)
+            runs = cycles[phase.name] = self._run(phase)
+            if phase.cycles and runs != [phase.cycles] * phase.runs:
+                raise RuntimeError(f"phase {phase.name!r} took {runs} device cycles but the static cycle model "
+                                   f"gives {[phase.cycles] * phase.runs}")
         for name, (dx, index, rows) in self.rows.items():
             self.grads[name] = ops.floats(tk.embedding_rows_grad(dx, index, rows))
         logits = ops.floats(self.values[s.graph.output])
-        return FabricStep(self.loss, logits, self.grads, cycles)
+        return FabricStep(self.loss, logits, self.grads, cycles, self.fmacs)
+
+    def _check_ids(self, tokens: np.ndarray, targets: np.ndarray) -> None:
+        """Token ids index their embedding tables and targets the vocabulary: refuse any outside (a negative
+        id would wrap around a table)."""
+        graph = self.schedule.graph
+        tables = [n.num_embeddings for n in graph.nodes if n.kind == "embedding"
+                  and graph.node(n.inputs[0]).kind == "tokens"]
+        vocab = graph.loss.vocab
+        for label, ids, size in (("token", tokens, min(tables, default=vocab)), ("target", targets, vocab)):
+            if not np.issubdtype(ids.dtype, np.integer) or (ids.size and (ids.min() < 0 or ids.max() >= size)):
+                lo, hi = (ids.min(), ids.max()) if ids.size else (0, 0)
+                raise UsageError(f"every {label} id must be an integer in 0..{size - 1}, not {ids.dtype} "
+                                 f"values in {lo}..{hi}")
 
     def _run(self, phase: GptPhase) -> list[int]:
         handler = getattr(self, "_op_" + phase.op.replace("-", "_"))
@@ -310,6 +337,7 @@ class GptFabric:
             backend.device.memcpy_h2d(exe.regions[region][0], _region_image(exe, region, matrix, token_major))
         pools: dict = {}
         cycles = backend.run_phase(name, weights, pools)
+        self.fmacs[phase.name] = int(backend.device.counters()["pe"]["fmac"].sum())
         result = None
         if out is not None:
             region, features = out
@@ -413,6 +441,8 @@ class GptFabric:
         device.memcpy_h2d(tiling.base, image)
         device.launch(0)
         cycles = device.run()
+        if phase.kind == "attention":
+            self.fmacs[phase.name] = int(device.counters()["pe"]["fmac"].sum())
         image[:] = device.memcpy_d2h(tiling.base, image.shape[-1])
         return cycles
 
