@@ -332,16 +332,24 @@ def measure_training(name: str, graph, macs: int, config: FabricConfig, exe, ws_
 def measure_bounds(name: str, dims, config: FabricConfig) -> None:
     """Print the FMAC utilization no staircase placement can exceed on ``config`` even with no
     per-sample overhead (``utilization_bounds``), beside the placement :func:`place` chooses."""
+    from wse.host.compiler.pipelined_bounds import COSTS, region_bounds
     from wse.host.compiler.pipelined_place import place, utilization_bounds
     shapes = list(zip(dims[:-1], dims[1:]))
     bound = utilization_bounds(shapes, config)
     chosen = place(shapes, config)
+
+    def rounded(d: dict) -> dict:
+        return {key: round(value, 4) if isinstance(value, float) else value for key, value in d.items()}
+
     print(json.dumps({"model": name, "mesh": config.mesh, "mode": "pipelined",
-                      "staircase_bound_zero_overhead": {key: round(value, 3) if isinstance(value, float) else value
-                                                        for key, value in bound.items()},
+                      "staircase_bound_zero_overhead": rounded(bound),
+                      "any_regions_bound": {costs: rounded(region_bounds(shapes, config, costs)) for costs in COSTS},
                       "chosen_regions": [[r.x0, r.y0, r.cols, r.rows] for r in chosen],
-                      "note": "best over every staircase of forward, backward, training (both phases) and "
-                              "min(forward, backward), with that placement's free sizes"}))
+                      "note": "staircase: best over every staircase of forward, backward, training (both phases) "
+                              "and min(forward, backward), with that placement's free sizes; any_regions: best "
+                              "min(forward, backward) over every partition of the PEs into per-layer grids "
+                              "(adjacency ignored), per cost model (none; outputs sent; inputs kept too), with "
+                              "each layer's (PEs, output lines, input lines)"}))
 
 
 def graph_first_layer_macs(graph) -> int:
@@ -391,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cycles", action="store_true", help="only the host step times")
     parser.add_argument("--replicas-only", action="store_true", help="only the data-parallel replica lines")
-    parser.add_argument("--bounds-only", action="store_true", help="only the staircases' utilization bounds")
+    parser.add_argument("--bounds-only", action="store_true", help="only the placements' utilization bounds")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)

@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from wse.config import FabricConfig
+from wse.config import FabricConfig, UsageError
 from wse.host.compiler.frontend import trace
 from wse.host.compiler.pipelined import plan
 from wse.host.compiler.pipelined_place import place, utilization_bounds
+from wse.host.compiler.pipelined_bounds import COSTS, region_bounds
 from wse.host.compiler.weight_streaming import FitError
 from wse.host.runtime.pipelined import PipelinedDevice, functional_forward
 
@@ -113,3 +114,51 @@ def test_plan_describes_regions_and_memory():
     assert lines[0] == "layer-pipelined on a 16x16 mesh, batch 32"
     assert "columns 0-11, rows 0-14 (180 PEs, inputs along columns), largest tile 1188" in lines[1]
     assert lines[-1].startswith("  memory per PE: ") and "of 8192 words" in lines[-1]
+
+
+def _brute_region_bound(shapes, config, costs):
+    """Every combination of every layer's grids: the best min(forward, backward)."""
+    import itertools
+    pes = config.width * config.height
+    fwd = sum(k * o for k, o in shapes)
+    bwd = 2 * fwd - shapes[0][0] * shapes[0][1]
+    per_layer = []
+    for layer, (k, o) in enumerate(shapes):
+        grids = []
+        for a in range(1, o + 1):
+            for b in range(1, k + 1):
+                kt, ot = -(-k // b), -(-o // a)
+                f = kt * ot + (ot if costs != "none" else 0) + (kt if costs == "intake" else 0)
+                g = kt * ot if layer == 0 else 2 * kt * ot + (kt if costs != "none" else 0)
+                grids.append((a * b, f, g))
+        per_layer.append(grids)
+    best = 0.0
+    for combo in itertools.product(*per_layer):
+        if sum(c[0] for c in combo) <= pes:
+            best = max(best, min(fwd / (pes * max(c[1] for c in combo)), bwd / (pes * max(c[2] for c in combo))))
+    return best
+
+
+@pytest.mark.parametrize("costs", COSTS)
+@pytest.mark.parametrize("shapes,mesh", [([(7, 5), (5, 3)], (3, 2)), ([(6, 4), (4, 4), (4, 2)], (2, 3)),
+                                         ([(9, 2)], (2, 2))])
+def test_region_bounds_equal_exhaustive_search(shapes, mesh, costs):
+    config = FabricConfig(width=mesh[0], height=mesh[1])
+    bound = region_bounds(shapes, config, costs)
+    assert bound["both"] == pytest.approx(_brute_region_bound(shapes, config, costs), rel=1e-12)
+    assert sum(r[0] for r in bound["regions"]) <= config.width * config.height
+
+
+def test_region_bounds_fc_mnist():
+    # any partition into per-layer regions, adjacency ignored (docs/layer_pipelined.md section 6): the multiply-adds
+    # alone allow 0.84 in both passes, but with each PE's inputs kept and its partial sums sent no partition reaches 0.8
+    shapes = [(784, 256), (256, 256), (256, 10)]
+    config = FabricConfig(width=16, height=16)
+    figures = {costs: region_bounds(shapes, config, costs)["both"] for costs in COSTS}
+    assert figures["none"] == pytest.approx(0.8413, abs=1e-4)
+    assert figures["outputs"] == pytest.approx(0.8307, abs=1e-4)
+    assert figures["intake"] == pytest.approx(0.7976, abs=1e-4) and figures["intake"] < 0.8
+    # the staircase is one of these partitions
+    assert utilization_bounds(shapes, config)["both"] <= figures["none"]
+    with pytest.raises(UsageError, match="costs must be one of"):
+        region_bounds(shapes, config, "some")
