@@ -20,8 +20,19 @@ validation sequences (the mean next-character loss, nats per character). One
 JSON line per evaluation and a summary with the relative difference of the
 final validation losses (target: at most 1%).
 
+With ``--device-step`` it runs ONE training step of ``examples/char_gpt.py``
+as the compiled fabric phases (``compile_gpt``, ``GptFabric``) on a device
+(``--device``, default ``vector``) on the ``--mesh`` (default 16x16) with
+``--sram-words`` words per PE (default 12288: at batch 16 the step's memory plan
+needs more than the default 8192, docs/transformer.md section 11), checks the
+loss, logits and every gradient against the functional model bit for bit and
+every phase's device cycles against the static cycle model (``GptFabric``
+stops at the first run that differs), and prints one JSON line per phase kind
+and a summary with the wall time.
+
     .venv/bin/python bench/gpt_reference.py [--steps 10] [--batch 16] [--lr 0.1]
     .venv/bin/python bench/gpt_reference.py --validation [--steps 300] [--sequences 128]
+    .venv/bin/python bench/gpt_reference.py --device-step [--device vector] [--mesh 16x16] [--sram-words 12288]
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from wse.config import UsageError
 from wse.host.compiler.transformer_capture import capture
 from wse.host.data import load_text_corpus
 from wse.host.memoryx import MemoryX, OptimizerConfig
@@ -107,6 +119,48 @@ def validation_budget(steps: int, batch: int = 16, lr: float = 3e-3, sequences: 
     return {**final, "unigram_entropy_nats": corpus.unigram_entropy()}
 
 
+def device_step(device: str, mesh: str, sram_words: int, batch: int) -> None:
+    """One char_gpt training step as fabric phases on ``device``: bits against the functional model, every
+    phase's device cycles against the static model; JSON lines per phase kind and a summary."""
+    from wse.config import FabricConfig, parse_mesh
+    from wse.host.compiler.gpt_phases import KINDS, compile_gpt
+    from wse.host.runtime.gpt_fabric import GptFabric
+
+    example = _example()
+    corpus = load_text_corpus()
+    x, y = corpus.sequences("train", example.CONTEXT)
+    index = np.random.default_rng(0).permutation(len(x))[:batch]
+    torch.manual_seed(0)
+    model = example.model(corpus.vocab_size)
+    graph = capture(model, torch.from_numpy(x[index]))
+    params = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    width, height = parse_mesh(mesh)
+    config = FabricConfig(width=width, height=height, sram_words=sram_words)
+    start = time.perf_counter()
+    schedule = compile_gpt(graph, config, batch)
+    compiled = time.perf_counter() - start
+    start = time.perf_counter()
+    got = GptFabric(schedule, device).step(params, x[index], y[index])
+    wall = time.perf_counter() - start
+    want = TransformerReference(graph, rows=height, blocks=schedule.blocks).step(params, x[index], y[index])
+    same = got.loss == want.loss and np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32)) \
+        and all(np.array_equal(got.grads[k].view(np.uint32), g.view(np.uint32)) for k, g in want.grads.items())
+    for kind in KINDS:
+        phases = [p for p in schedule.phases if p.kind == kind]
+        device_cycles = sum(sum(got.cycles[p.name]) for p in phases)
+        static = sum(p.cycles * p.runs for p in phases)
+        print(json.dumps({"kind": kind, "phases": len(phases), "device_cycles": device_cycles,
+                          "static_cycles": static, "equal": device_cycles == static}), flush=True)
+    device_total = sum(sum(c) for c in got.cycles.values())
+    print(json.dumps({"summary": True, "device": device, "mesh": mesh, "sram_words": sram_words, "batch": batch,
+                      "phases": len(schedule.phases), "device_cycles": device_total,
+                      "static_cycles": schedule.cycles(), "every_phase_equal": all(
+                          got.cycles[p.name] == ([p.cycles] * p.runs if p.kind != "host" else [])
+                          for p in schedule.phases),
+                      "bits_equal_functional_model": bool(same), "memory_words_per_pe": schedule.memory.words,
+                      "compile_s": round(compiled, 1), "wall_s": round(wall, 1)}), flush=True)
+
+
 def main() -> None:
     """Run the comparison and print JSON lines."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -118,6 +172,13 @@ def main() -> None:
                         help="validation loss after a fixed budget of Adam steps, both sides")
     parser.add_argument("--sequences", type=int, default=128, help="validation sequences (default 128)")
     parser.add_argument("--report", type=int, default=50, help="with --validation: steps between evaluations")
+    parser.add_argument("--device-step", action="store_true",
+                        help="one training step as fabric phases on --device, checked against the functional "
+                             "model and the static cycle model")
+    parser.add_argument("--device", default="vector", help="with --device-step: the device (default vector)")
+    parser.add_argument("--mesh", default="16x16", help="with --device-step: the mesh (default 16x16)")
+    parser.add_argument("--sram-words", type=int, default=12288,
+                        help="with --device-step: words per PE (default 12288)")
     args = parser.parse_args()
     bad = [f"--{name} {value}" for name, value in (("steps", args.steps), ("lr", args.lr), ("batch", args.batch),
                                                    ("sequences", args.sequences), ("report", args.report))
@@ -127,6 +188,13 @@ def main() -> None:
               f"{', '.join(bad)}", file=sys.stderr)
         sys.exit(2)
     torch.set_num_threads(1)
+    if args.device_step:
+        try:
+            device_step(args.device, args.mesh, args.sram_words, args.batch)
+        except UsageError as error:
+            print(f"gpt_reference: {error}", file=sys.stderr)
+            sys.exit(2)
+        return
     if args.validation:
         steps = 300 if args.steps is None else args.steps
         lr = 3e-3 if args.lr is None else args.lr

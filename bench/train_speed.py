@@ -35,14 +35,17 @@ replay, each equal to the golden model's by tests/test_gpt_fabric.py, the
 MemoryX's embedding rows streamed in and their gradients out at the mesh
 edges, included; only the ``host`` kind has no cycles): one JSON line per phase kind
 (cycles per step, device runs, multiply-accumulate elements and FMAC
-utilization = those elements per PE and cycle) and a line with the whole
-step's cycles. ``--no-fabric`` leaves the fabric part out.
+utilization = those elements per PE and cycle), a line for the linear
+layers' token-major input copies (``token-major`` relayout phases), a line
+with the step's memory plan (words per PE with ``--sram-words``, default
+12288: at batch 16 the plan needs more than the default 8192) and a line with
+the whole step's cycles. ``--no-fabric`` leaves the fabric part out.
 
 Usage: python bench/train_speed.py [--mesh 16x16] [--batch 64] [--steps 20] [--rounds 3] [--warmup 3]
        [--backend functional]
        python bench/train_speed.py --backends functional functional-torch-cpu [functional-torch-cuda]
        [--models fc_mnist wide] [--steps 3] [--torch-threads 1]
-       python bench/train_speed.py --gpt [--steps 5] [--rounds 3] [--warmup 2] [--no-fabric]
+       python bench/train_speed.py --gpt [--steps 5] [--rounds 3] [--warmup 2] [--no-fabric] [--sram-words 12288]
 """
 
 from __future__ import annotations
@@ -184,20 +187,30 @@ def compare_gpt(args) -> int:
                       "ratio_ok": ratio <= TARGET_RATIO, "max_rel_loss_diff": float(np.float64(worst)),
                       "what": "CPU seconds per step (process time, robust to other load)"}))
     if not args.no_fabric:
-        gpt_fabric_cycles(run, common)
+        gpt_fabric_cycles(run, common, args.sram_words)
     return 0
 
 
-def gpt_fabric_cycles(run, common: dict) -> None:
-    """Print the GPT step's fabric cycles and FMAC utilization per phase kind (static cycle model)."""
+def gpt_fabric_cycles(run, common: dict, sram_words: int = 12288) -> None:
+    """Print the GPT step's fabric cycles and FMAC utilization per phase kind (static cycle model) and its
+    memory plan, on PEs of ``sram_words`` words."""
     from wse.config import FabricConfig, parse_mesh
     from wse.host.compiler.gpt_phases import compile_gpt
 
     width, height = parse_mesh(run.settings.mesh)
-    config = FabricConfig.current().replace(width=width, height=height)
+    config = FabricConfig.current().replace(width=width, height=height, sram_words=sram_words)
     start = time.process_time()
     schedule = compile_gpt(run.graph, config, run.settings.batch)
     seconds = time.process_time() - start
+    copies = [p for p in schedule.phases if p.op == "token-major"]
+    print(json.dumps({**common, "fabric_op": "token-major", "cycles_per_step": sum(p.cycles for p in copies),
+                      "device_runs": len(copies), "what": "the linear layers' token-major input copies "
+                      "(relayout phases of local moves; part of the relayout kind)"}))
+    memory = schedule.memory
+    print(json.dumps({**common, "memory_plan": True, "sram_words": sram_words, "words_per_pe": memory.words,
+                      "peak_phase": memory.peak_phase, "kept_values": len(memory.slots),
+                      "peak_live_words": memory.peak_live, "largest_phase_footprint": memory.largest,
+                      "what": "the step's memory plan: phases' own buffers and the values kept between them"}))
     total = schedule.cycles()
     for kind, figures in schedule.by_kind().items():
         print(json.dumps({**common, "fabric_kind": kind, "cycles_per_step": figures["cycles"],
@@ -227,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=int, default=1, help="torch threads with --backends (default 1)")
     parser.add_argument("--gpt", action="store_true", help="time examples/char_gpt.py's step against PyTorch's")
     parser.add_argument("--no-fabric", action="store_true", help="with --gpt: leave out the fabric cycles")
+    parser.add_argument("--sram-words", type=int, default=12288,
+                        help="with --gpt: words per PE of the fabric step (default 12288: its memory plan needs "
+                             "more than the default 8192 at batch 16)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         print("train_speed: --steps and --rounds must be positive and --warmup non-negative", file=sys.stderr)

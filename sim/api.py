@@ -55,12 +55,15 @@ class Device(Protocol):
     #: The device's name in reports (``"golden"``, ``"verilator"``, ...).
     backend: str
 
-    def load(self, program, rect=None) -> None:
+    def load(self, program, rect=None, keep=()) -> None:
         """Write a program image (:class:`wse.firmware.image.Program`: code,
         initial data, task table) into every PE of ``rect``; every other data
-        word of those PEs reads 0 afterwards and every other task slot is
-        cleared. Raises :class:`~wse.config.UsageError` if the program does
-        not fit the configuration."""
+        word of those PEs reads 0 afterwards, except the words of the ``keep``
+        ranges ``(lo, hi)`` (``lo`` included, ``hi`` not), which keep what
+        they held, and every other task slot is cleared. Raises
+        :class:`~wse.config.UsageError` if the program does not fit the
+        configuration, or if ``keep`` is not such ranges inside the memory or
+        a data segment of the program writes a kept word."""
 
     def set_route(self, x: int, y: int, color: int, input, outputs) -> None:
         """Route ``color`` at router ``(x, y)``: accepted from port ``input``

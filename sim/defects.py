@@ -437,10 +437,10 @@ class DefectDevice:
         return np.asarray(grid)[np.ix_(self.remap.rows, self.remap.cols)]
 
     # ------------------------------------------------------------------ host API
-    def load(self, program, rect=None) -> None:
-        """Load ``program`` into the physical PEs of logical ``rect``."""
+    def load(self, program, rect=None, keep=()) -> None:
+        """Load ``program`` into the physical PEs of logical ``rect``, keeping the ``keep`` word ranges."""
         for block, *_ in self._blocks(rect):
-            self.device.load(program, block)
+            self.device.load(program, block, keep)
 
     def set_route(self, x: int, y: int, color: int, input, outputs) -> None:
         """Route ``color`` at logical router ``(x, y)`` (and the spare routers around it)."""

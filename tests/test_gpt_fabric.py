@@ -116,12 +116,27 @@ def test_schedule_phases_and_kinds():
     linears = [n.name for n in graph.nodes if n.kind == "token_linear"]
     for name in linears:
         assert {f"fwd {name}", f"bwd-data {name}", f"bwd-weight {name}"} <= set(names)
+        # the weight gradient reads the input's token-major copy, made on the fabric just before it
+        copy = names.index(f"token-major {name}")
+        weight = names.index(f"bwd-weight {name}")
+        assert copy < weight and all(schedule.phases[i].kind == "move" for i in range(copy + 1, weight))
+        assert schedule.phases[copy].kind == "relayout" and schedule.phases[copy].cycles > 0
+        assert schedule.phases[weight].inputs[0] == schedule.phases[copy].outputs[0]
+    # resident: a move before every device phase that reads kept values, one after every one that writes them
+    moves = [p for p in schedule.phases if p.kind == "move"]
+    assert len(moves) == len(schedule.moves) > 0 and all(p.cycles > 0 for p in moves)
+    for i, p in enumerate(schedule.phases):
+        if p.kind == "move":
+            served = names.index(p.name.split(" ", 1)[1])
+            assert served == (i + 1 if p.arg("side") == "in" else i - 1), p.name
+    assert f"move-in fwd {linears[0]}" in names and f"move-out fwd {linears[0]}" in names
+    assert "move-out softmax-forward matmul_1 r0" in names and "move-in softmax-backward matmul_1 r0" in names
     # 2 sequences x 2 heads side by side on 2x2 tiles: one round of eight kernels, each one device run;
     # the relayouts: q, k, v in and the output back; dout, q, k, v in and dv, dq, dk back
     attention = [p for p in schedule.phases if p.kind in ("attention", "softmax")]
     assert len(attention) == 8 and all(p.runs == 1 for p in attention)
     assert sum(p.fmacs for p in attention) == 6 * 4 * (8 * 9 // 2) * 8
-    relayouts = [p.name for p in schedule.phases if p.kind == "relayout"]
+    relayouts = [p.name for p in schedule.phases if p.kind == "relayout" and p.op != "token-major"]
     assert relayouts == ["relayout-in matmul_1 r0 q+k+v", "relayout-out matmul_1 r0 values",
                          "relayout-in matmul_1 r0 dout+q+k+v", "relayout-out matmul_1 r0 backward-dv",
                          "relayout-out matmul_1 r0 backward-dq", "relayout-out matmul_1 r0 backward-dk"]
@@ -167,13 +182,15 @@ def test_a_linear_layer_that_does_not_fit_names_the_gpt_layer():
     graph, _, x, _ = _setup(2)
     with pytest.raises(UsageError, match=r"the GPT's linear layer blocks\.0\.attn\.\w+ \(16 -> 16\) over 16 tokens "
                                          r"\(2 sequences of 8\) does not fit a 1x1 mesh: its streamed GEMM needs \d+ "
-                                         r"words per PE, sram_words is 512"):
-        compile_gpt(graph, FabricConfig(width=1, height=1, sram_words=512), 2, cycles=False)
+                                         r"words per PE, sram_words is 1536"):
+        compile_gpt(graph, FabricConfig(width=1, height=1, sram_words=1536), 2, cycles=False)
 
 
 
 @pytest.mark.parametrize("mesh,sram,what", [
     ((1, 1), 256, r"embedding tok \(16 features, rows in\)"),
+    ((1, 1), 512, r"residual of 16 features"),
+    ((1, 1), 1024, r"layernorm of 16 features"),
     ((4, 4), 768, r"attention relayout-in matmul_1 r0 q\+k\+v \(2 heads of 8 x 8\)")])
 def test_rows_and_relayouts_that_do_not_fit_name_the_gpt(mesh, sram, what):
     graph, _, _, _ = _setup(2)

@@ -74,24 +74,25 @@ def pieces(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     if n == 0:
         return np.zeros((0, 9), dtype=np.int64)
     order = np.lexsort((src[:, 2], dst[:, 2], dst[:, 1], dst[:, 0], src[:, 1], src[:, 0]))
-    s, d = src[order].tolist(), dst[order].tolist()
+    s, d = src[order], dst[order]
+    same = np.zeros(n, dtype=bool)          # word k and word k + 1 are between the same two PEs
+    same[:-1] = np.all(s[1:, :2] == s[:-1, :2], axis=1) & np.all(d[1:, :2] == d[:-1, :2], axis=1)
+    ss, ds = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    ss[:-1], ds[:-1] = s[1:, 2] - s[:-1, 2], d[1:, 2] - d[:-1, 2]
+    valid = same & (np.abs(ss) < _STRIDE) & (np.abs(ds) < _STRIDE) & (ds != 0)
+    cont = np.zeros(n, dtype=bool)          # the step from word k to k + 1 keeps the previous step's strides
+    cont[1:] = same[1:] & (ss[1:] == ss[:-1]) & (ds[1:] == ds[:-1])
+    stops = np.flatnonzero(~cont)           # a run starting before k + 1 ends at word k
     rows = []
     i = 0
     while i < n:
-        sx, sy, sa = s[i]
-        dx, dy, da = d[i]
-        count, ss, ds = 1, 1, 1
-        j = i + 1
-        if j < n and s[j][:2] == [sx, sy] and d[j][:2] == [dx, dy]:
-            ss, ds = s[j][2] - sa, d[j][2] - da
-            if abs(ss) < _STRIDE and abs(ds) < _STRIDE and ds != 0:
-                while j < n and count < MAX_RUN and s[j][:2] == [sx, sy] and d[j][:2] == [dx, dy] \
-                        and s[j][2] == sa + count * ss and d[j][2] == da + count * ds:
-                    count += 1
-                    j += 1
-            else:
-                ss, ds = 1, 1
-        rows.append((sx, sy, sa, ss, dx, dy, da, ds, count))
+        if valid[i]:
+            last = int(stops[np.searchsorted(stops, i + 1)])
+            count = min(last - i + 1, MAX_RUN)
+            rows.append((*s[i, :2], s[i, 2], ss[i], *d[i, :2], d[i, 2], ds[i], count))
+        else:
+            count = 1
+            rows.append((*s[i, :2], s[i, 2], 1, *d[i, :2], d[i, 2], 1, 1))
         i += count
     return np.array(rows, dtype=np.int64)
 

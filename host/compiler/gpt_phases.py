@@ -18,7 +18,9 @@ kernels share. Phases by kind:
                its own, as many at once as there are tiles (a round, :mod:`.gpt_tiles`)
 ``softmax``    the causal softmax forward and backward (``softmax.s``), per round of tiles
 ``relayout``   the heads' ``q``, ``k``, ``v``, ``dout`` from the GEMM layout into the
-               tiles and the products' results back (``relayout.s``, a program with routes)
+               tiles and the products' results back (``relayout.s``, a program with routes);
+               each linear layer's input copied token-major within every PE for its weight
+               gradient (``token-major``: the relayout's local moves)
 ``layernorm``  LayerNorm forward and backward (``layernorm.s``, ``layernorm_bwd.s``)
 ``gelu``       GELU forward and backward (``gelu.s``)
 ``residual``   ``add(a, b)`` (``residual.s``): residual additions, the embeddings' sum,
@@ -57,21 +59,26 @@ from wse.firmware.kernels.gelu import Gelu
 from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
 from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
 from wse.firmware.kernels.softmax import Softmax as SoftmaxKernel
+from wse.firmware.training import records as records_format
 
 from . import codegen
 from . import weight_streaming as ws
 from .ir import Graph, Input, Linear, SoftmaxCrossEntropy
-from .gpt_tiles import HeadTiling, head_tiling, relayout_cycles, relayout_in, relayout_out, round_cycles
+from .gpt_memory import MemoryPlan, gemm_footprint, least_memory, relayout_footprint, step_memory
+from .gpt_moves import with_moves
+from .gpt_tiles import (HeadTiling, head_tiling, relayout_cycles, relayout_in, relayout_out, round_cycles,
+                        token_major)
 from .replay import Network, replay
 from .transformer_ir import (GELU, Add, CausalAttention, CausalMask, Embedding, LayerNorm, MatMul, Positions,
                              Rearrange, Scale, SequenceCrossEntropy, Softmax, TNode, TokenLinear, Tokens,
                              TransformerGraph)
 
 __all__ = ["GptPhase", "GptSchedule", "AttentionGroup", "compile_gpt", "attention_groups", "linear_executable",
-           "kernel_plan", "kernel_cycles", "rows_cycles", "KINDS", "GEMM_GRAPH_WEIGHT", "GEMM_GRAPH_BIAS"]
+           "kernel_plan", "kernel_cycles", "rows_cycles", "kernel_footprint", "KINDS", "GEMM_GRAPH_WEIGHT",
+           "GEMM_GRAPH_BIAS"]
 
 #: The phase kinds, in the order reports list them.
-KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "relayout", "rows", "host")
+KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "relayout", "rows", "move", "host")
 #: The parameter names of the one-layer executable a linear layer's phases run on.
 GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS = "l2.weight", "l2.bias"
 
@@ -90,7 +97,7 @@ class GptPhase:
         What the driver runs (``linear``, ``linear-data``, ``linear-weight``,
         ``attention``, ``softmax``, ``layernorm``, ``layernorm-bwd``, ``gelu``,
         ``gelu-bwd``, ``residual``, ``embedding``, ``embedding-grad``, ``rows-in``, ``rows-out``,
-        ``relayout-in``, ``relayout-out``, ``view``, ``view-bwd``, ``loss``).
+        ``relayout-in``, ``relayout-out``, ``token-major``, ``view``, ``view-bwd``, ``loss``).
     node:
         The graph node it belongs to.
     inputs, outputs:
@@ -107,6 +114,10 @@ class GptPhase:
         Multiply-accumulate elements of one run (the GEMMs' and the attention
         products'; 0 for the others, which multiply and add but not as
         multiply-accumulates).
+    footprint:
+        The first data word above every buffer of the phase's program (its
+        data, heap, regions, tables; ``host``: 0): the memory plan's store
+        starts above the largest (:mod:`.gpt_memory`).
     """
     name: str
     kind: str
@@ -118,6 +129,7 @@ class GptPhase:
     runs: int = 1
     cycles: int = 0
     fmacs: int = 0
+    footprint: int = 0
 
     def arg(self, key: str, default=None):
         """The argument ``key``."""
@@ -153,6 +165,14 @@ class GptSchedule:
         In execution order.
     groups:
         The attention groups by node name.
+    memory:
+        The memory plan: every value kept between phases at a fixed address above the phases'
+        own buffers (:class:`~.gpt_memory.MemoryPlan`).
+    moves:
+        The ``move`` phases' programs by phase name (:class:`~.gpt_moves.Move`; none when not resident).
+    ranges:
+        Per device phase of a resident step, the ``(keep, resident)`` word ranges of its load
+        (:func:`~.gpt_moves.with_moves`).
     """
     graph: TransformerGraph
     config: FabricConfig
@@ -161,6 +181,9 @@ class GptSchedule:
     blocks: list[int]
     phases: list[GptPhase]
     groups: dict[str, AttentionGroup]
+    memory: MemoryPlan | None = None
+    moves: dict = dataclasses.field(default_factory=dict)
+    ranges: dict = dataclasses.field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -260,20 +283,54 @@ def rows_cycles(config: FabricConfig, features: int, tokens: int, direction: str
     return int(replay(Network(config, routes), ops, starts, ends, inject, periods=False))
 
 
+# Footprints: the first word above every buffer of a phase's program -----------------------------
+
+@functools.lru_cache(maxsize=256)
+def _kernel_footprint(config: FabricConfig, op: str, sizes: tuple, eps: float | None) -> int:
+    return least_memory(config, lambda cfg: kernel_plan(cfg, op, dict(sizes), eps))
+
+
+def kernel_footprint(config: FabricConfig, op: str, sizes: dict, eps: float | None = None) -> int:
+    """The footprint of a kernel phase: the least ``sram_words`` its plan accepts (its data and heap buffers)."""
+    return _kernel_footprint(config, op, tuple(sorted(sizes.items())), eps)
+
+
 # Streamed GEMM executables -----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=32)
 def linear_executable(config: FabricConfig, tokens: int, k: int, o: int, bias: bool, cycles: bool = True):
     """The weight-streaming executable whose middle layer ``l2`` is a ``k -> o`` linear layer of
-    ``tokens`` tokens: phases ``fwd l2`` (the streamed GEMM, then the output's token-major copy, as
-    every MLP layer but the last), ``bwd-data l2`` and ``bwd-weight l2``, with the static cycle
-    model's counts. The one-feature layers around it (``l1``: ``1 -> k``, ``l3``: ``o -> 1``, a
-    one-class loss) only make ``l2`` a middle layer, so that its input gradient is computed and no
-    loss buffers over ``o`` classes take its memory."""
+    ``tokens`` tokens: phases ``fwd l2`` (the streamed GEMM), ``bwd-data l2`` and ``bwd-weight l2``
+    (which reads the input's token-major copy ``act1tm``, made by a ``token-major`` phase,
+    :func:`~.gpt_tiles.token_major`), with the static cycle model's counts. The one-feature
+    layers around it (``l1``: ``1 -> k``, ``l3``: ``o -> 1``, a one-class loss) only make ``l2`` a
+    middle layer, so that its input gradient is computed and no loss buffers over ``o`` classes
+    take its memory. As a middle layer of an MLP, ``fwd l2`` would end with its output's
+    token-major copy (the next layer's weight gradient reads it); no phase of a GPT reads that
+    copy, so its records are left out of ``fwd l2``."""
     graph = Graph([Input((1,)), Linear(1, k, True, "l1.weight", "l1.bias"),
                    Linear(k, o, bias, GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS if bias else None),
                    Linear(o, 1, False, "l3.weight"), SoftmaxCrossEntropy(1)], name=f"linear{k}x{o}")
-    return codegen.generate(ws.plan(graph, config, tokens), cycles=cycles, progress=False)
+    planned = ws.plan(graph, config, tokens)
+    _drop_output_copy(planned)
+    return codegen.generate(planned, cycles=cycles, progress=False)
+
+
+def _drop_output_copy(planned) -> None:
+    """Leave the output's token-major copy (the last record of every PE: a ``transpose`` into ``act2tm``)
+    out of ``planned``'s ``fwd l2``."""
+    phase = planned.phases["fwd l2"]
+    target = planned.regions["act2tm"][0]
+    records = []
+    for row in phase.records:
+        out_row = []
+        for ops in row:
+            kind, fields, _ = records_format.decode(ops[-1]) if ops else ("end", {}, [])
+            if kind != "transpose" or fields["dst"][1] != target:
+                raise AssertionError("fwd l2 of a linear executable does not end with its output's token-major copy")
+            out_row.append(list(ops[:-1]))
+        records.append(out_row)
+    planned.phases["fwd l2"] = dataclasses.replace(phase, records=records)
 
 
 # The compiler pass -------------------------------------------------------------------------------
@@ -290,18 +347,24 @@ class _Builder:
         self.phases: list[GptPhase] = []
         self.count = 0
 
-    def emit(self, name, kind, op, node, inputs, outputs, args=None, runs=1, cycles=0, fmacs=0) -> None:
+    def emit(self, name, kind, op, node, inputs, outputs, args=None, runs=1, cycles=0, fmacs=0, footprint=0) -> None:
         self.phases.append(GptPhase(name, kind, op, node, tuple(inputs), tuple(outputs),
-                                    tuple(sorted((args or {}).items())), runs, int(cycles), int(fmacs)))
+                                    tuple(sorted((args or {}).items())), runs, int(cycles), int(fmacs),
+                                    int(footprint)))
 
     def fresh(self, prefix: str) -> str:
         self.count += 1
         return f"{prefix}#{self.count}"
 
-    def kernel(self, op: str, sizes: dict, eps: float | None = None) -> int:
-        return kernel_cycles(self.config, op, sizes, eps) if self.with_cycles else 0
+    def kernel_sized(self, op: str, sizes: dict, eps: float | None = None) -> tuple[int, int, int]:
+        """``(cycles, fmacs, footprint)`` of a kernel phase (cycles 0 without the cycle model; no
+        multiply-accumulates)."""
+        footprint = self.fits(f"{op} of {sizes['cols']} features",
+                              lambda: kernel_footprint(self.config, op, sizes, eps))
+        cycles = kernel_cycles(self.config, op, sizes, eps) if self.with_cycles else 0
+        return cycles, 0, footprint
 
-    def gemm(self, node: TokenLinear, phase: str) -> tuple[int, int]:
+    def gemm(self, node: TokenLinear, phase: str) -> tuple[int, int, int]:
         try:
             exe = linear_executable(self.config, self.N, node.in_features, node.out_features, node.bias,
                                     self.with_cycles)
@@ -313,7 +376,7 @@ class _Builder:
                               f"over {self.N} tokens ({self.B} sequences of {self.T}) does not fit a "
                               f"{self.config.mesh} mesh: {detail}; use a smaller batch or a wider mesh") from None
         p = exe.phases[phase]
-        return p.cycles, p.fmacs
+        return p.cycles, p.fmacs, gemm_footprint(exe)
 
     def fits(self, what: str, build):
         """``build()``; a memory refusal of it (a kernel's "needs N words per PE") names the GPT's
@@ -331,10 +394,12 @@ class _Builder:
     def rows(self, name: str, node: str, features: int, direction: str, inputs, outputs) -> None:
         """MemoryX's rows into the tokens' PEs, or the tokens' row gradients out (a program)."""
         what = f"embedding {node} ({features} features, rows {'in' if direction == 'in' else 'gradients out'})"
-        self.fits(what, lambda: plan_rows(self.config, self.N, features, direction))
+        plan = self.fits(what, lambda: plan_rows(self.config, self.N, features, direction))
+        longest = max((len(e) for e in plan.tables.values()), default=0)
         self.emit(name, "rows", f"rows-{direction}", node, inputs, outputs,
                   {"words": self.N * features, "features": features}, 1,
-                  rows_cycles(self.config, features, self.N, direction) if self.with_cycles else 0)
+                  rows_cycles(self.config, features, self.N, direction) if self.with_cycles else 0, 0,
+                  plan.table + 4 * longest)
 
     # -- forward --
     def forward(self, node: TNode) -> None:
@@ -347,18 +412,19 @@ class _Builder:
             self.rows(f"rows {n}", n, node.dim, "in", (f"rows:{n}",), (n,))
         elif isinstance(node, Add):
             self.emit(f"add {n}", "residual", "residual", n, node.inputs, (n,), {},
-                      1, self.kernel("residual", {"rows": self.N, "cols": node.shape[-1]}))
+                      1, *self.kernel_sized("residual", {"rows": self.N, "cols": node.shape[-1]}))
         elif isinstance(node, LayerNorm):
             sizes = {"rows": self.N, "cols": node.features}
             self.emit(f"layernorm {n}", "layernorm", "layernorm", n, node.inputs, (n, f"xhat:{n}", f"r:{n}"),
                       {"eps": node.eps, "weight": node.weight_name, "bias": node.bias_name}, 1,
-                      self.kernel("layernorm", sizes, node.eps))
+                      *self.kernel_sized("layernorm", sizes, node.eps))
         elif isinstance(node, TokenLinear):
             self.emit(f"fwd {n}", "gemm", "linear", n, node.inputs, (n,), self.linear_args(node), 1,
                       *self.gemm(node, "fwd l2"))
         elif isinstance(node, GELU):
             self.emit(f"gelu {n}", "gelu", "gelu", n, node.inputs, (n,), {"variant": node.approximate}, 1,
-                      self.kernel("gelu", {"rows": self.N, "cols": node.shape[-1], "variant": node.approximate}))
+                      *self.kernel_sized("gelu", {"rows": self.N, "cols": node.shape[-1],
+                                                  "variant": node.approximate}))
         elif isinstance(node, Rearrange):
             self.emit(f"view {n}", "host", "view", n, node.inputs, (n,), {"op": node.op, "dims": node.dims,
                                                                          "shape": node.shape})
@@ -366,6 +432,19 @@ class _Builder:
             self.attention_forward(self.groups[n])
         else:
             raise UsageError(f"the fabric step cannot run {node.kind} node {n!r}")
+
+    def token_major(self, node: TokenLinear, copy: str) -> None:
+        """The ``token-major`` phase: the layer's input copied token-major (``act1tm``) within every PE, a
+        relayout of local moves from the executable's ``act1`` to its ``act1tm``."""
+        exe = linear_executable(self.config, self.N, node.in_features, node.out_features, node.bias,
+                                self.with_cycles)
+        src, dst = exe.regions["act1"][0], exe.regions["act1tm"][0]
+        plan = self.fits(f"token-major copy of {node.name}'s input ({node.in_features} features)",
+                         lambda: token_major(self.config, self.N, node.in_features, src, dst))
+        cycles = sum(relayout_cycles(plan)) if self.with_cycles else 0
+        self.emit(f"token-major {node.name}", "relayout", "token-major", node.name, (node.inputs[0],), (copy,),
+                  {"k": node.in_features, "o": node.out_features, "bias": node.bias_name}, 1, cycles, 0,
+                  relayout_footprint(plan))
 
     def linear_args(self, node: TokenLinear) -> dict:
         return {"weight": node.weight_name, "bias": node.bias_name, "k": node.in_features,
@@ -389,7 +468,8 @@ class _Builder:
         cycles = round_cycles(tiling, variant, group.scale, active) if self.with_cycles else 0
         fmacs = 0 if kind == "softmax" else active * tiling.t * (tiling.t + 1) // 2 * tiling.dh
         label = {"sf": "softmax-forward", "sb": "softmax-backward"}.get(variant, variant)
-        self.emit(f"{label} {group.node} r{round_}", kind, kind, group.node, inputs, outputs, args, 1, cycles, fmacs)
+        self.emit(f"{label} {group.node} r{round_}", kind, kind, group.node, inputs, outputs, args, 1, cycles, fmacs,
+                  tiling.top)
 
     def relayout(self, group: AttentionGroup, round_: int, op: str, what, inputs, outputs) -> None:
         """A relayout phase: ``what`` is the matrices in (``relayout-in``) or the product out."""
@@ -401,7 +481,7 @@ class _Builder:
         cycles = sum(relayout_cycles(plan)) if self.with_cycles else 0
         self.emit(label, "relayout", op, group.node, inputs, outputs,
                   {"what": what, "round": round_, "scale": group.scale, "t": tiling.t, "dh": tiling.dh,
-                   "heads": tiling.heads}, 1, cycles)
+                   "heads": tiling.heads}, 1, cycles, 0, relayout_footprint(plan))
 
     def attention_forward(self, g: AttentionGroup) -> None:
         n = g.node
@@ -431,7 +511,7 @@ class _Builder:
                     continue
                 total = self.fresh(f"d:{name}")
                 self.emit(f"sum {total}", "residual", "residual", name, (pending[name], contribution), (total,), {},
-                          1, self.kernel("residual", {"rows": self.N, "cols": self.graph.node(name).shape[-1]}))
+                          1, *self.kernel_sized("residual", {"rows": self.N, "cols": self.graph.node(name).shape[-1]}))
                 pending[name] = total
 
     def backward_node(self, node: TNode, g: str) -> list[tuple[str, str]]:
@@ -447,20 +527,22 @@ class _Builder:
             dx = self.fresh(f"d:{node.inputs[0]}")
             self.emit(f"layernorm-bwd {n}", "layernorm", "layernorm-bwd", n, (g, f"xhat:{n}", f"r:{n}"), (dx,),
                       {"weight": node.weight_name, "bias": node.bias_name}, 1,
-                      self.kernel("layernorm-bwd", {"rows": self.N, "cols": node.features}))
+                      *self.kernel_sized("layernorm-bwd", {"rows": self.N, "cols": node.features}))
             return [(node.inputs[0], dx)]
         if isinstance(node, TokenLinear):
             dx = self.fresh(f"d:{node.inputs[0]}")
             args = self.linear_args(node)
             self.emit(f"bwd-data {n}", "gemm", "linear-data", n, (g,), (dx,), args, 1, *self.gemm(node, "bwd-data l2"))
-            self.emit(f"bwd-weight {n}", "gemm", "linear-weight", n, (node.inputs[0], g), (), args, 1,
+            copy = f"tm:{node.inputs[0]}#{n}"
+            self.token_major(node, copy)
+            self.emit(f"bwd-weight {n}", "gemm", "linear-weight", n, (copy, g), (), args, 1,
                       *self.gemm(node, "bwd-weight l2"))
             return [(node.inputs[0], dx)]
         if isinstance(node, GELU):
             dx = self.fresh(f"d:{node.inputs[0]}")
             variant = f"backward-{node.approximate}"
             self.emit(f"gelu-bwd {n}", "gelu", "gelu-bwd", n, (node.inputs[0], g), (dx,), {"variant": variant}, 1,
-                      self.kernel("gelu-bwd", {"rows": self.N, "cols": node.shape[-1], "variant": variant}))
+                      *self.kernel_sized("gelu-bwd", {"rows": self.N, "cols": node.shape[-1], "variant": variant}))
             return [(node.inputs[0], dx)]
         if isinstance(node, Rearrange):
             dx = self.fresh(f"d:{node.inputs[0]}")
@@ -487,10 +569,13 @@ class _Builder:
         return [(grp.q, dq), (grp.k, dk), (grp.v, dv)]
 
 
-def compile_gpt(graph: TransformerGraph, config: FabricConfig, sequences: int, *, cycles: bool = True) -> GptSchedule:
+def compile_gpt(graph: TransformerGraph, config: FabricConfig, sequences: int, *, cycles: bool = True,
+                resident: bool = True) -> GptSchedule:
     """The phases of one training step of ``graph`` on ``sequences`` sequences on ``config``'s mesh.
 
-    ``cycles=False`` skips the static cycle model (every phase reads 0 cycles).
+    ``cycles=False`` skips the static cycle model (every phase reads 0 cycles); ``resident=False`` leaves
+    out the ``move`` phases that keep the values in the memory plan's slots between phases
+    (:mod:`.gpt_moves`; the host then carries them).
 
     Raises
     ------
@@ -507,4 +592,8 @@ def compile_gpt(graph: TransformerGraph, config: FabricConfig, sequences: int, *
         builder.forward(node)
     builder.backward()
     blocks = [len(b) for b in block_partition(builder.N, min(config.width, builder.N))]
-    return GptSchedule(graph, config, int(sequences), builder.T, blocks, builder.phases, builder.groups)
+    schedule = GptSchedule(graph, config, int(sequences), builder.T, blocks, builder.phases, builder.groups,
+                           step_memory(builder, blocks))
+    if resident:
+        schedule.phases, schedule.moves, schedule.ranges = with_moves(schedule, linear_executable, kernel_plan)
+    return schedule

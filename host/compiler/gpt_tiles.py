@@ -40,7 +40,7 @@ from wse.firmware.training.numerics import assembler_defines
 from .replay import Network, replay
 
 __all__ = ["HeadTiling", "head_tiling", "RoundKernel", "round_kernel", "round_cycles", "relayout_in",
-           "relayout_out", "relayout_cycles", "ROW_OF", "COL_OF", "BLK_OF", "OUT_OF", "MATRICES"]
+           "relayout_out", "relayout_cycles", "token_major", "ROW_OF", "COL_OF", "BLK_OF", "OUT_OF", "MATRICES"]
 
 #: Per attention variant: the buffer its query rows, key rows, ``T x T`` block and result use.
 ROW_OF = {"scores": "ROW_Q", "backward-dp": "ROW_D", "backward-dv": "ROW_D", "backward-dk": "ROW_Q"}
@@ -327,6 +327,28 @@ def relayout_out(tiling: HeadTiling, round_: int, variant: str) -> tuple[Relayou
     src, dst = np.concatenate(src), np.concatenate(dst)
     plan = plan_relayout(tiling.config, src, dst, tiling.top + _region(tiling), "attention relayout out")
     return plan, np.concatenate(index)
+
+
+@functools.lru_cache(maxsize=64)
+def token_major(config: FabricConfig, tokens: int, features: int, src: int, dst: int) -> RelayoutPlan:
+    """The token-major copy a linear layer's weight gradient reads of its input (the executable's ``act1tm``):
+    within every PE, the ``features x tokens`` block the streamed GEMM keeps at ``src`` (feature-major: each
+    of the PE's features, ``feature mod H`` its row, its column's tokens in order) copied to ``dst`` token
+    after token (each token's features in order). No word leaves its PE: the relayout's local moves."""
+    blocks = block_partition(tokens, min(config.width, tokens))
+    src_words, dst_words = [], []
+    for x, blk in enumerate(blocks):
+        count = len(blk)
+        for y in range(config.height):
+            local = len(range(y, features, config.height))
+            if not local or not count:
+                continue
+            f, t = np.meshgrid(np.arange(local), np.arange(count), indexing="ij")
+            src_words.append(np.stack(np.broadcast_arrays(x, y, src + f * count + t), axis=-1).reshape(-1, 3))
+            dst_words.append(np.stack(np.broadcast_arrays(x, y, dst + t * local + f), axis=-1).reshape(-1, 3))
+    src_all, dst_all = np.concatenate(src_words), np.concatenate(dst_words)
+    free = int(max(src_all[:, 2].max(), dst_all[:, 2].max())) + 1
+    return plan_relayout(config, src_all, dst_all, free, "token-major copy")
 
 
 def relayout_cycles(plan: RelayoutPlan) -> list[int]:

@@ -5,10 +5,14 @@ golden model or an RTL simulator (``docs/transformer.md`` section 11).
 Each phase is a program of its own: the streamed GEMM's phases are the
 training firmware's (``train.s``) on a one-layer executable of the linear
 layer's shape, the others the library kernels (attention products, causal
-softmax, LayerNorm, GELU, residual, relayout). Between phases the host
-carries the values: the words a phase leaves in the PEs are read out and
-written into the next phase's buffers of the same PEs (``memcpy``, which
-takes no fabric cycles). A head's ``q``, ``k``, ``v`` (and ``dout``) reach
+softmax, LayerNorm, GELU, residual, relayout). A resident schedule (the
+default of ``compile_gpt``) runs on ONE device: every value that crosses
+phases stays in its slot of the memory plan, and ``move`` programs carry it
+between the slots and the phases' buffers (:mod:`.gpt_resident`; the host
+writes none of those words). Without the moves every phase run gets a fresh
+device and the host carries the values: the words a phase leaves in the PEs
+are read out and written into the next phase's buffers of the same PEs
+(``memcpy``, which takes no fabric cycles). A head's ``q``, ``k``, ``v`` (and ``dout``) reach
 the attention's tiles by a relayout program and its results leave by one
 (:mod:`wse.host.compiler.gpt_tiles`); within a round of tiles every program
 finds its inputs at the address the previous one left them (the round's
@@ -49,12 +53,13 @@ from wse.firmware.training import transformer as ops
 from wse.host.compiler.gpt_phases import (GEMM_GRAPH_BIAS, GEMM_GRAPH_WEIGHT, GptPhase, GptSchedule, kernel_plan,
                                           linear_executable)
 from wse.host.compiler.gpt_tiles import MATRICES, HeadTiling, RoundKernel, head_tiling, relayout_in, relayout_out, \
-    round_kernel
+    round_kernel, token_major
 from wse.sim.devices import make_device
 
 from . import transformer_kernels as tk
 from . import transformer_loss as tl
 from .device import DeviceBackend
+from .gpt_resident import ResidentDevice, gemm_image, gemm_matrix
 from .loss import cross_entropy
 
 __all__ = ["GptFabric", "FabricStep"]
@@ -123,6 +128,12 @@ def _region_matrix(exe, image: np.ndarray, features: int) -> np.ndarray:
     return out
 
 
+def flat_bits(values, features: int) -> np.ndarray:
+    """``uint32 [N, features]`` bit patterns of float32 (or bit-pattern) ``values``."""
+    array = np.ascontiguousarray(values)
+    return (array.view(np.uint32) if array.dtype == np.float32 else array.astype(np.uint32)).reshape(-1, features)
+
+
 def _floats(bits: np.ndarray) -> np.ndarray:
     return fp.as_float(np.ascontiguousarray(bits, dtype=np.uint32))
 
@@ -142,7 +153,9 @@ class GptFabric:
     def __init__(self, schedule: GptSchedule, device: str | Callable = "golden"):
         self.schedule = schedule
         self.config = schedule.config
-        self.factory = device if callable(device) else (lambda config, name=device: make_device(name, config))
+        self.make = device if callable(device) else (lambda config, name=device: make_device(name, config))
+        self.factory = self.make
+        self.shared: ResidentDevice | None = None
 
     def _device(self):
         return self.factory(self.config)
@@ -172,7 +185,11 @@ class GptFabric:
             elif node.kind == "positions":
                 self.values[node.name] = np.arange(node.shape[0])
         cycles: dict[str, list[int]] = {}
+        self.shared = ResidentDevice(self.make(self.config)) if s.moves else None
+        self.factory = (lambda config: self.shared) if s.moves else self.make
         for phase in s.phases:
+            if self.shared is not None and phase.name in s.ranges:
+                self.shared.set_ranges(*s.ranges[phase.name])
             runs = cycles[phase.name] = self._run(phase)
             if phase.cycles and runs != [phase.cycles] * phase.runs:
                 raise RuntimeError(f"phase {phase.name!r} took {runs} device cycles but the static cycle model "
@@ -253,12 +270,37 @@ class GptFabric:
         self.values[phase.outputs[0]] = g.reshape(x.shape)
 
     def _op_loss(self, phase: GptPhase):
+        """The loss and its delta on the host; on a resident step the logits are read from their slot and the
+        delta written into its slot."""
+        vocab, memory = phase.arg("vocab"), self.schedule.memory
+        if self.shared is not None:
+            slot = memory.slot(phase.inputs[0])
+            words = self.shared.memcpy_d2h(slot.addr, slot.words)
+            shape = self.values[phase.inputs[0]].shape
+            self.values[phase.inputs[0]] = gemm_matrix(self.config, self.schedule.blocks, words, vocab).reshape(shape)
         logits = self.values[phase.inputs[0]]
-        flat = np.ascontiguousarray(logits).reshape(-1, phase.arg("vocab"))
+        flat = np.ascontiguousarray(logits).reshape(-1, vocab)
         target = self.targets.reshape(-1)
         self.loss = float(np.mean(cross_entropy(ops.floats(flat), target)))
         delta = tl.sequence_cross_entropy_delta(flat, target, None)
         self.values[phase.outputs[0]] = np.asarray(delta).reshape(logits.shape)
+        if self.shared is not None:
+            slot = memory.slot(phase.outputs[0])
+            self.shared.memcpy_h2d(slot.addr, gemm_image(self.config, self.schedule.blocks, flat_bits(delta, vocab),
+                                                         slot.words))
+
+    def _op_move(self, phase: GptPhase):
+        """A move program: kept values between their slots and a phase's buffers, on the fabric."""
+        plan = self.schedule.moves[phase.name].plan
+        _, cycles = self._execute(plan, np.zeros(len(plan.src), dtype=np.uint32), phase.name)
+        return [sum(cycles)]
+
+    def _execute(self, plan, values, what: str):
+        """Run a relayout ``plan``; on a resident step its words stay the device's (its span is resident)."""
+        if self.shared is not None:
+            span = [(min(lo for lo, _ in plan.spans.values()), max(hi for _, hi in plan.spans.values()))]
+            self.shared.add_ranges(span, span)
+        return plan.execute(self.factory, values, what)
 
     # -- kernels on the tokens x features layout ------------------------------------------
     def _tokens_plan(self, op: str, features: int, variant: str | None = None, eps=None):
@@ -333,8 +375,9 @@ class GptFabric:
             weights[GEMM_GRAPH_BIAS] = _floats(self.w[bias])
         backend = _GemmBackend(exe, self.factory)
         backend.load()
-        for region, (matrix, token_major) in inputs.items():
-            backend.device.memcpy_h2d(exe.regions[region][0], _region_image(exe, region, matrix, token_major))
+        for region, (matrix, token_major_order) in inputs.items():
+            image = matrix if matrix.ndim == 3 else _region_image(exe, region, matrix, token_major_order)
+            backend.device.memcpy_h2d(exe.regions[region][0], image)
         pools: dict = {}
         cycles = backend.run_phase(name, weights, pools)
         self.fmacs[phase.name] = int(backend.device.counters()["pe"]["fmac"].sum())
@@ -359,10 +402,27 @@ class GptFabric:
         self.values[phase.outputs[0]] = dx.reshape(g.shape[:-1] + (k,))
         return [cycles]
 
-    def _op_linear_weight(self, phase: GptPhase):
-        x, g = (self.values[name] for name in phase.inputs)
+    def _op_token_major(self, phase: GptPhase):
+        """The layer's input copied token-major within every PE (a relayout of local moves): the words
+        the weight gradient reads as ``act1tm``, kept as that region's image."""
+        x = self.values[phase.inputs[0]]
         k, o = phase.arg("k"), phase.arg("o")
-        _, pools, cycles = self._gemm(phase, "bwd-weight l2", {"act1tm": (x.reshape(-1, k), True),
+        exe = linear_executable(self.config, self.schedule.tokens, k, o, phase.arg("bias") is not None)
+        (src, _), (dst, words) = exe.regions["act1"], exe.regions["act1tm"]
+        plan = token_major(self.config, self.schedule.tokens, k, src, dst)
+        image = _region_image(exe, "act1", x.reshape(-1, k), False)
+        xs, ys, a = plan.src.T
+        copied, cycles = self._execute(plan, image[ys, xs, a - src], f"token-major {phase.node}")
+        out = np.zeros((self.config.height, self.config.width, words), dtype=np.uint32)
+        xs, ys, a = plan.dst.T
+        out[ys, xs, a - dst] = copied
+        self.values[phase.outputs[0]] = out
+        return [sum(cycles)]
+
+    def _op_linear_weight(self, phase: GptPhase):
+        copy, g = (self.values[name] for name in phase.inputs)
+        k, o = phase.arg("k"), phase.arg("o")
+        _, pools, cycles = self._gemm(phase, "bwd-weight l2", {"act1tm": (copy, True),
                                                                "grad2": (g.reshape(-1, o), False)}, None)
         (key, bits), = pools.items()
         self.grads[phase.arg("weight")] = ops.floats(bits[:o * k]).reshape(o, k)
@@ -405,7 +465,7 @@ class GptFabric:
             rows = index[:, 0] == slot
             b, h, t, d = index[rows, 1:].T
             values[rows] = np.asarray(value)[b, h, t, d]
-        words, cycles = plan.execute(self.factory, values, f"relayout in {phase.node}")
+        words, cycles = self._execute(plan, values, f"relayout in {phase.node}")
         image = self._image(phase)
         x, y, a = plan.dst.T
         image[y, x, a - tiling.base] = words
@@ -417,7 +477,7 @@ class GptFabric:
         plan, index = relayout_out(tiling, phase.arg("round"), variant)
         image = self._image(phase)
         x, y, a = plan.src.T
-        words, cycles = plan.execute(self.factory, image[y, x, a - tiling.base], f"relayout out {phase.node}")
+        words, cycles = self._execute(plan, image[y, x, a - tiling.base], f"relayout out {phase.node}")
         like = {"values": group.q, "backward-dv": group.v, "backward-dq": group.q, "backward-dk": group.k}[variant]
         transposed = variant == "backward-dk" and group.k_transposed
         target = phase.outputs[0]

@@ -29,7 +29,7 @@ from wse.hdl.pe_ecc import ECC_ADDRS
 from wse.hdl.router import encode_route, decode_route
 from wse.hdl.wavelet import COUNTER_NAMES, HostSpace
 from wse.sim.golden import FabricHang, ProgramFault, ecc
-from wse.sim.golden.hostargs import EDGE_NAMES, HostArgs, stream_words
+from wse.sim.golden.hostargs import EDGE_NAMES, HostArgs, keep_ranges, kept_words, stream_words
 
 __all__ = ["RtlFabric", "EDGE_NAMES", "edge_ports", "STATUS_IDLE", "STATUS_CYCLE_LIMIT", "STATUS_NO_PROGRESS"]
 
@@ -183,12 +183,14 @@ class RtlFabric(HostArgs, abc.ABC):
     def _whole(self, rect) -> bool:
         return self._rect(rect) == (0, 0, self.width, self.height)
 
-    def load(self, program, rect=None) -> None:
+    def load(self, program, rect=None, keep=()) -> None:
         """Load a program image into every PE of ``rect`` over the host bus:
-        its code, its data (the rest of the data memory zero) and its task
+        its code, its data (the rest of the data memory zero, but the
+        ``keep`` ranges ``(lo, hi)``, which are not written) and its task
         table (every other task slot cleared)."""
         cfg = self.config
         program.check_fits(cfg)
+        kept = kept_words(keep_ranges(keep, program, cfg.sram_words), cfg.sram_words)
         cells = self._cells(rect)
         image = program.data_image(cfg.sram_words)
         tasks = np.zeros(cfg.tasks, dtype=np.uint32)
@@ -196,7 +198,7 @@ class RtlFabric(HostArgs, abc.ABC):
             tasks[task.id] = task.entry | int(task.data_color) << 16 | int(task.blocked) << 17 | 1 << 18
         indices = [y * self.width + x for x, y in cells]
         # Words to write: the image's non-zero words and whatever may be non-zero now.
-        dirty = self._dirty[indices].any(axis=0) | (image != 0)
+        dirty = (self._dirty[indices].any(axis=0) | (image != 0)) & ~kept
         addrs = np.flatnonzero(dirty).astype(np.uint32)
         code_addrs = np.arange(program.code.size, dtype=np.uint32)
         task_addrs = np.arange(cfg.tasks, dtype=np.uint32)
@@ -206,7 +208,7 @@ class RtlFabric(HostArgs, abc.ABC):
             self._write(HostSpace.IMEM, code_addrs, program.code, x, y, bcast)
             self._write(HostSpace.TASK, task_addrs, tasks, x, y, bcast)
         for i in indices:
-            self._dirty[i] = image != 0
+            self._dirty[i] = (image != 0) | (self._dirty[i] & kept)
             self._programs[i] = program
 
     def set_route(self, x: int, y: int, color: int, input, outputs) -> None:

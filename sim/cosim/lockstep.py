@@ -140,8 +140,8 @@ class Lockstep:
         got = getattr(self.device, name)(*args, **kwargs)
         return result, got
 
-    def load(self, program, rect=None):
-        self._both("load", program, rect)
+    def load(self, program, rect=None, keep=()):
+        self._both("load", program, rect, keep)
 
     def set_route(self, x, y, color, input, outputs):
         outputs = list(outputs)

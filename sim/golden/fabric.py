@@ -24,7 +24,7 @@ from . import ecc
 from .decode import compile_program
 from .errors import FabricHang
 from .events import DEFAULT_MAX_EVENTS, Recorder
-from .hostargs import HostArgs, Rect, stream_words
+from .hostargs import HostArgs, Rect, keep_ranges, stream_words
 from .pe import PE
 from .router import Routers
 
@@ -100,17 +100,22 @@ class Fabric(HostArgs):
         """The 16 scalar registers of PE ``(x, y)`` (``r0`` reads 0)."""
         return [int(v) for v in self.pe(x, y).regs]
 
-    def load(self, program, rect: Rect | None = None) -> None:
-        """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``."""
+    def load(self, program, rect: Rect | None = None, keep=()) -> None:
+        """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``; the data words
+        of the ``keep`` ranges ``(lo, hi)`` stay as they are."""
         cfg = self.config
         program.check_fits(cfg)
+        ranges = keep_ranges(keep, program, cfg.sram_words)
         key = id(program)
         cached = self._compiled_cache.get(key)
         if cached is None or cached[0] is not program:
             cached = (program, compile_program(program.code, cfg.sram_words))
             self._compiled_cache[key] = cached
         for pe in self._pes_in(rect):
+            saved = [pe.mem[lo:hi].copy() for lo, hi in ranges]
             pe.load(program, cached[1])
+            for (lo, hi), words in zip(ranges, saved):
+                pe.mem[lo:hi] = words
 
     def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
         """Write ``array`` (shape ``[h, w, n]`` for ``rect``, float32 or uint32;

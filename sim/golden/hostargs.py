@@ -16,7 +16,8 @@ import numpy as np
 
 from wse.config import Port, UsageError
 
-__all__ = ["HostArgs", "EDGE_NAMES", "host_words", "stream_words", "Rect", "check_rect"]
+__all__ = ["HostArgs", "EDGE_NAMES", "host_words", "stream_words", "Rect", "check_rect", "keep_ranges",
+           "kept_words"]
 
 Rect = tuple[int, int, int, int]  # x0, y0, width, height
 
@@ -82,6 +83,43 @@ def check_rect(rect, width: int, height: int) -> Rect:
     if w < 1 or h < 1 or x0 < 0 or y0 < 0 or x0 + w > width or y0 + h > height:
         raise UsageError(f"rect {rect!r} does not fit the {width}x{height} mesh")
     return x0, y0, w, h
+
+
+def keep_ranges(keep, program, sram_words: int) -> list[tuple[int, int]]:
+    """``load``'s ``keep``: data-word ranges ``(lo, hi)`` (``lo`` included, ``hi`` not) that a load leaves
+    as they are, checked against the memory and the program's data segments (the same message on every
+    device).
+
+    Raises:
+        UsageError: ``keep`` is not a sequence of integer pairs with ``0 <= lo <= hi <= sram_words``, or a
+            data segment of ``program`` writes a kept word (a load keeps a word or writes it, not both).
+    """
+    expected = f"load keep must be a sequence of (lo, hi) word ranges with 0 <= lo <= hi <= {sram_words}"
+    if isinstance(keep, (str, bytes)):
+        raise UsageError(f"{expected}, not {keep!r}")
+    try:
+        ranges = [(int(lo), int(hi)) for lo, hi in keep]
+    except (TypeError, ValueError):
+        raise UsageError(f"{expected}, not {keep!r}") from None
+    for (lo, hi), given in zip(ranges, keep):
+        if not (0 <= lo <= hi <= sram_words) or any(isinstance(v, bool) or int(v) != v for v in given):
+            raise UsageError(f"{expected}, not {given!r}")
+    ranges = [(lo, hi) for lo, hi in ranges if hi > lo]
+    for addr, words in program.data:
+        end = addr + len(words)
+        for lo, hi in ranges:
+            if addr < hi and lo < end:
+                raise UsageError(f"program {program.source} has data at words {max(addr, lo)}..{min(end, hi) - 1}, "
+                                 f"inside the kept range ({lo}, {hi}); a load keeps a word or writes it, not both")
+    return ranges
+
+
+def kept_words(ranges: list[tuple[int, int]], sram_words: int) -> np.ndarray:
+    """A ``bool [sram_words]`` mask of the words in ``ranges``."""
+    mask = np.zeros(sram_words, dtype=bool)
+    for lo, hi in ranges:
+        mask[lo:hi] = True
+    return mask
 
 
 class HostArgs:

@@ -29,7 +29,7 @@ from wse.config import FabricConfig
 from wse.firmware.asm import format_instruction
 from wse.firmware.isa import BY_NAME, BY_OPCODE
 from wse.sim.golden.errors import FabricHang, ProgramFault
-from wse.sim.golden.hostargs import HostArgs, Rect, stream_words
+from wse.sim.golden.hostargs import HostArgs, Rect, keep_ranges, stream_words
 
 from . import loop
 from .code import K_BAD, K_EXIT, K_INDEXED, K_SEND, K_VECTOR, CodeTable
@@ -104,15 +104,20 @@ class VectorFabric(HostArgs):
         """The scalar registers of PE ``(x, y)`` (``r0`` reads 0)."""
         return [int(v) for v in self.s.regs[self._tile(x, y)]]
 
-    def load(self, program, rect: Rect | None = None) -> None:
-        """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``."""
+    def load(self, program, rect: Rect | None = None, keep=()) -> None:
+        """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``; the data words
+        of the ``keep`` ranges ``(lo, hi)`` stay as they are."""
         program.check_fits(self.config)
+        ranges = keep_ranges(keep, program, self.config.sram_words)
         base, n = self.code.add(program)
         s, pes = self.s, self._pe_index(rect)
         s.base[pes], s.ncode[pes] = base, n
         for p in pes.tolist():
             s.program[p] = program
+        saved = [s.mem[pes, lo:hi].copy() for lo, hi in ranges]
         s.mem[pes] = 0
+        for (lo, hi), words in zip(ranges, saved):
+            s.mem[pes, lo:hi] = words
         for addr, words in program.data:
             s.mem[pes, addr:addr + len(words)] = np.asarray(words, dtype=np.uint32)
         s.entry[pes], s.bound[pes], s.blocked[pes], s.activated[pes] = -1, False, False, False

@@ -1,0 +1,258 @@
+"""The memory plan of a GPT training step (``docs/transformer.md`` section 11, *Memory plan*).
+
+Every phase of :func:`~.gpt_phases.compile_gpt`'s schedule is a program with its own buffers: the
+streamed GEMM's executable regions, a kernel's data and heap, an attention round's agreed region, a
+relayout's or the embedding rows' words and tables. Its *footprint* is the first word above all of
+them (:attr:`~.gpt_phases.GptPhase.footprint`). The values that cross from one phase to a later one
+(the activations, the saved activations the backward reads, the gradients in flight) need words that
+no program of their lifetime overwrites: :func:`plan_memory` gives each a fixed range of every PE's
+memory for its lifetime (from the phase that writes it to the last that reads it), above the largest
+footprint of the phases in that lifetime, by a linear scan over the phases in order, first fit beside
+the values live at the same time (the ranges of values no longer live are free again). The highest
+word in use at any phase (its own footprint or a live value's range) is the step's memory per PE; a
+step that needs more than ``sram_words`` is refused at compile time, naming the model's sizes, the
+phase at the peak and the words needed against those available.
+
+Which values live on the wafer: every value a device phase reads or writes in the streamed GEMM's
+layout (feature ``k`` on mesh row ``k mod H``, each column's tokens), ``ceil(F / H)`` words per token
+of the column; LayerNorm's ``r`` (one word per token, on every row); an attention's ``p`` (the
+softmax's output, read by the backward's rounds: its block of every PE of a tile, per round). Not
+on the wafer: the token and position ids, MemoryX's gathered rows before they stream in and the
+row gradients after they stream out (``rows:``, ``dx:``). Within an attention round the kernels'
+intermediates (``s``, ``o``, ``dp``, ``ds``, the products' results) stay in the round's own region,
+part of the round's footprint. A view (``Rearrange``) moves no word: its value is its input's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Sequence
+
+from wse.config import FabricConfig, UsageError
+
+from .weight_streaming import FitError
+
+__all__ = ["Slot", "MemoryPlan", "plan_memory", "step_memory", "check_fits", "least_memory", "gemm_footprint", "relayout_footprint",
+           "ROUND_VALUES", "OFF_WAFER"]
+
+#: Prefixes of the values an attention round keeps in its own region (never in the store).
+ROUND_VALUES = ("s:", "o:", "dp:", "ds:", "dv:", "dq:", "dk:")
+#: Prefixes of values held by MemoryX (the rows a batch uses, gathered; the rows' gradients, streamed out).
+OFF_WAFER = ("rows:", "dx:")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A value's words ``[addr, addr + words)`` of every PE, from phase ``first`` (the one that writes it) to
+    phase ``last`` (the last that reads it), indices into the schedule's phases; ``floor`` is the largest
+    footprint of those phases, which the slot is above."""
+    value: str
+    addr: int
+    words: int
+    first: int
+    last: int
+    floor: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Where every value kept between phases lives, and the step's memory per PE.
+
+    Members
+    -------
+    sram_words:
+        The PE's data memory.
+    largest, largest_phase:
+        The largest phase footprint and its phase.
+    slots:
+        The values kept between phases by name, in the order they are written.
+    aliases:
+        A view's value -> the value whose words it is.
+    live:
+        Per phase, the words of the values live during it.
+    high:
+        Per phase, the first word above everything in use during it: its own footprint and the live slots.
+    peak_phase:
+        The (first) phase with the largest :attr:`high`.
+    """
+    sram_words: int
+    largest: int
+    largest_phase: str
+    slots: dict[str, Slot]
+    aliases: dict[str, str]
+    live: tuple[int, ...]
+    high: tuple[int, ...]
+    peak_phase: str
+
+    @property
+    def words(self) -> int:
+        """Words per PE the step needs: the largest :attr:`high`."""
+        return max(self.high, default=0)
+
+    @property
+    def peak_live(self) -> int:
+        """The most words of kept values live during one phase."""
+        return max(self.live, default=0)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the step fits ``sram_words``."""
+        return self.words <= self.sram_words
+
+    def slot(self, value: str) -> Slot:
+        """The slot of ``value`` (a view's: its input's)."""
+        return self.slots[self.aliases.get(value, value)]
+
+    def describe(self) -> list[str]:
+        """Readable lines: the totals, then every slot."""
+        lines = [f"{len(self.slots)} values kept between phases, at most {self.peak_live} words of them live at "
+                 f"once; the largest phase footprint {self.largest} words ('{self.largest_phase}'); "
+                 f"{self.words} of {self.sram_words} words per PE at the fullest ('{self.peak_phase}')"]
+        for s in sorted(self.slots.values(), key=lambda s: (s.addr, s.first)):
+            lines.append(f"  {s.addr:6d} +{s.words:<5d} {s.value}  (phases {s.first}..{s.last}, above {s.floor})")
+        return lines
+
+
+def _roots(phases: Sequence) -> dict[str, str]:
+    """A view's output -> the value it views (followed to the root)."""
+    aliases: dict[str, str] = {}
+    for p in phases:
+        if p.op in ("view", "view-bwd"):
+            source = p.inputs[0]
+            aliases[p.outputs[0]] = aliases.get(source, source)
+    return aliases
+
+
+def _on_wafer(name: str, host: set[str]) -> bool:
+    return name not in host and not name.startswith(ROUND_VALUES + OFF_WAFER)
+
+
+def value_words(name: str, graph, config: FabricConfig, blocks: Sequence[int], saved: dict[str, int]) -> int:
+    """Words per PE of a value kept between phases: ``saved`` gives the attention's ``p:`` values; LayerNorm's
+    ``r:`` is one word per token; any other is ``ceil(F / H)`` words per token of the fullest column, ``F``
+    the features per token of its node (a gradient ``d:NAME#k``: of ``NAME``)."""
+    if name in saved:
+        return saved[name]
+    tokens = max(blocks)
+    if name.startswith("r:"):
+        return tokens
+    node = name.split(":", 1)[1] if ":" in name else name
+    node = node.split("#", 1)[0]
+    shape = graph.node(node).shape
+    features = math.prod(shape) // shape[-2] if len(shape) > 2 else shape[-1]
+    return math.ceil(features / config.height) * tokens
+
+
+def plan_memory(phases: Sequence, graph, config: FabricConfig, blocks: Sequence[int], saved: dict[str, int],
+                host_values: Sequence[str]) -> MemoryPlan:
+    """The store of a schedule's ``phases`` (each with ``name``, ``op``, ``inputs``, ``outputs``, ``footprint``):
+    every value a phase writes and a later phase reads gets a fixed range above the largest footprint for its
+    lifetime (linear scan, first fit into the ranges of values no longer live). ``saved`` are the words per PE
+    of the attention's ``p:`` values, ``host_values`` the graph's host inputs (token and position ids).
+    The plan is returned whether or not it fits; :meth:`MemoryPlan.words` against ``sram_words`` decides."""
+    host = set(host_values)
+    aliases = _roots(phases)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, p in enumerate(phases):
+        if p.op in ("view", "view-bwd"):
+            continue                           # no word moves: the readers of a view read its root
+        for n in p.outputs:
+            n = aliases.get(n, n)
+            if _on_wafer(n, host):
+                first.setdefault(n, i)
+        for n in (*p.inputs, *p.outputs):
+            n = aliases.get(n, n)
+            if _on_wafer(n, host):
+                last[n] = i
+    for n in list(last):
+        first.setdefault(n, last[n])          # read but written by no phase: live from its first reader
+    base_index = max(range(len(phases)), key=lambda i: phases[i].footprint, default=0)
+    foot = [p.footprint for p in phases]
+    words = {n: value_words(n, graph, config, blocks, saved) for n in first}
+    slots: dict[str, Slot] = {}
+    live, high = [], []
+    for i, p in enumerate(phases):
+        for n in sorted((n for n in first if first[n] == i), key=lambda n: (-words[n], n)):
+            floor = max(foot[i:last[n] + 1])
+            taken = sorted((s.addr, s.addr + s.words) for s in slots.values() if s.last >= i)
+            addr = _first_fit(taken, floor, words[n])
+            slots[n] = Slot(n, addr, words[n], i, last[n], floor)
+        current = [s for s in slots.values() if s.first <= i <= s.last]
+        live.append(sum(s.words for s in current))
+        high.append(max([foot[i]] + [s.addr + s.words for s in current]))
+    peak = max(range(len(phases)), key=lambda i: high[i], default=0)
+    ordered = dict(sorted(slots.items(), key=lambda item: (item[1].first, item[1].addr)))
+    return MemoryPlan(config.sram_words, foot[base_index] if phases else 0, phases[base_index].name if phases else "",
+                      ordered, aliases, tuple(live), tuple(high), phases[peak].name if phases else "")
+
+
+def _first_fit(taken: list[tuple[int, int]], floor: int, words: int) -> int:
+    """The lowest address at or above ``floor`` where ``words`` words meet none of the ``taken`` ``[lo, hi)``."""
+    addr = floor
+    for lo, hi in taken:
+        if hi <= addr:
+            continue
+        if lo >= addr + words:
+            break
+        addr = hi
+    return addr
+
+
+def check_fits(plan: MemoryPlan, phases: Sequence, what: str, config: FabricConfig) -> None:
+    """Raise :class:`~.weight_streaming.FitError` (a :class:`UsageError`), one line naming ``what`` (the
+    model and its batch), the phase at the peak and the words, if ``plan`` needs more than ``sram_words``."""
+    if plan.fits:
+        return
+    peak = plan.high.index(plan.words)
+    raise FitError(f"{what} does not fit a {config.mesh} mesh: at phase '{plan.peak_phase}' (its own buffers "
+                   f"{phases[peak].footprint} words, {plan.live[peak]} words of values kept between phases live, "
+                   f"each above the buffers of every phase of its life) the step needs {plan.words} words per PE, "
+                   f"sram_words is {config.sram_words}; use a smaller batch or a wider mesh")
+
+
+# Footprints: the first word above every buffer of a phase's program -------------------------------
+
+def least_memory(config: FabricConfig, build) -> int:
+    """The least ``sram_words`` for which ``build(config)`` (a kernel's plan, with the program's own memory
+    checks, whose refusals say "needs N words per PE") succeeds."""
+    need = max(16, build(config).program.data_end)     # 16: the configuration's least memory
+    while True:
+        try:
+            build(config.replace(sram_words=need))
+            return need
+        except UsageError as error:
+            found = re.search(r"needs? (\d+) words per PE", str(error))
+            if found is None or int(found.group(1)) <= need:
+                raise
+            need = int(found.group(1))
+
+
+def gemm_footprint(exe) -> int:
+    """The footprint of a linear layer's executable: its program's data and every region (op lists included)."""
+    return max([exe.program.data_end] + [addr + words for addr, words in exe.regions.values()])
+
+
+def relayout_footprint(plan) -> int:
+    """The footprint of a relayout: its sources, staging and destinations, then its tables (four words a move)."""
+    longest = max((len(e) for stage in plan.stages for e in stage.tables.values()), default=0)
+    return max(plan.table + 4 * longest, int(plan.src[:, 2].max()) + 1 if len(plan.src) else 0,
+               int(plan.dst[:, 2].max()) + 1 if len(plan.dst) else 0)
+
+
+def step_memory(builder, blocks: Sequence[int]) -> MemoryPlan:
+    """The memory plan of :func:`~.gpt_phases.compile_gpt`'s phases (``builder``: its graph, mesh, phases,
+    attention groups and their tilings), refused in one line if it does not fit ``sram_words``."""
+    tilings = {f"p:{g.node}": builder.tiling(g) for g in builder.groups.values()}
+    saved = {k: len(t.rounds) * len(t.query_blocks()[0]) * len(t.key_blocks()[0]) for k, t in tilings.items()}
+    graph = builder.graph
+    hosts = [n.name for n in graph.nodes if n.kind in ("tokens", "positions")]
+    plan = plan_memory(builder.phases, graph, builder.config, blocks, saved, hosts)
+    d_model = max((n.dim for n in graph.nodes if n.kind == "embedding"), default=0)
+    heads = "/".join(map(str, sorted({builder.heads(g) for g in builder.groups.values()}))) or "0"
+    check_fits(plan, builder.phases, f"the GPT {graph.name} ({len(builder.groups)} attention layer(s), "
+               f"d_model {d_model}, {heads} heads, context {builder.T}, vocabulary {graph.loss.vocab}) "
+               f"with {builder.B} sequences", builder.config)
+    return plan
