@@ -91,7 +91,7 @@ def test_a_gpt_that_does_not_fit_is_refused_in_one_line(schedule):
     assert "\n" not in message
     assert message.startswith("the GPT CharGPT (1 attention layer(s), d_model 16, 2 heads, context 8, "
                               "vocabulary 16) with 2 sequences does not fit a 4x4 mesh: at phase '")
-    assert f"the step needs {need} words per PE, sram_words is {need - 1}; use a smaller batch or a wider mesh" \
+    assert f"the step needs {need} words per PE, sram_words is {need - 1}; use a smaller batch or a mesh with more rows" \
         in message
 
 

@@ -210,7 +210,8 @@ def check_fits(plan: MemoryPlan, phases: Sequence, what: str, config: FabricConf
     raise FitError(f"{what} does not fit a {config.mesh} mesh: at phase '{plan.peak_phase}' (its own buffers "
                    f"{phases[peak].footprint} words, {plan.live[peak]} words of values kept between phases live, "
                    f"each above the buffers of every phase of its life) the step needs {plan.words} words per PE, "
-                   f"sram_words is {config.sram_words}; use a smaller batch or a wider mesh")
+                   f"sram_words is {config.sram_words}; use a smaller batch or a mesh with more rows (each PE "
+                   f"holds fewer features) or columns (fewer tokens)")
 
 
 # Footprints: the first word above every buffer of a phase's program -------------------------------
