@@ -6,7 +6,7 @@ section 9 ("What is not solved"): the reference replay
 at the start of every cycle each column's *relative* state is hashed (per PE
 of the column: its op row within its op list, cycles until it is free, its
 element index, whether an element enters its output queue this cycle,
-whether it waited last cycle, whether it is done; its router's FIFO counts,
+whether it is done; its router's FIFO counts,
 its input queues, its output queue's colors from the head, its pending
 writes). A line gives the phase's cycles; the grants that depended on the
 color rotation (``conflicts``); the FIFO-cycles at which a FIFO fed from a
@@ -41,19 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _features(queues, cores, events, starts, t: int) -> np.ndarray:
-    """Every PE's relative state at the start of cycle ``t`` as ``int64 [PEs, F]``."""
+    """Every PE's relative state at the start of cycle ``t`` as ``int [PEs, F]``: the state the
+    reduced replay's rule compares (:func:`wse.host.compiler.replay_columns._features`)."""
     from wse.host.compiler.replay import _WRITE
-    pes, colors = queues.rx.shape
-    depth = queues.tx_colors.shape[1]
-    k = np.arange(depth)
-    slots = (queues.tx_head[:, None] + k[None, :]) % depth
-    tx = np.where(k[None, :] < queues.tx_count[:, None], np.take_along_axis(queues.tx_colors, slots, 1), -1)
-    pending = np.zeros((pes, colors), dtype=np.int64)
+    from wse.host.compiler.replay_columns import _features as features
     n = int(events.count[_WRITE])
-    np.add.at(pending, (events.who[_WRITE, :n], events.color[_WRITE, :n]), 1)
-    core = np.stack([cores.pc - starts, np.maximum(cores.free_at - t, 0), cores.vector_index,
-                     cores.written_at == t, cores.waited_at == t - 1, cores.done], axis=1).astype(np.int64)
-    return np.concatenate([core, queues.router_fifo, queues.rx, tx, pending], axis=1)
+    return features(queues, cores, (events.who[_WRITE, :n], events.color[_WRITE, :n]), starts, t)
 
 
 def _column_hashes(features: np.ndarray, width: int, height: int, weights) -> np.ndarray:

@@ -11,13 +11,20 @@ periods, every phase replayed even when an earlier one had the same inputs) in t
 and ``same_cycles`` says the counts agree. With ``--engines`` the cycle
 model also runs with the reference engine (every router and PE visited every
 cycle; the same skipped periods and memo): ``engine_speedup`` is its time
-over the default engine's (``same_cycles_both_engines``). ``cpu_s`` figures are the process's CPU seconds
+over the default engine's (``same_cycles_both_engines``). With ``--columns``
+it also runs as before the reduced replay of the first columns
+(``wse.host.compiler.replay_columns``), the round-aligned stops of the
+period search (``replay_periods.ROUND_ALIGNED``) and the int8 queue counts
+(``replay_state.QUEUE_COUNTS``), everything else the same:
+``columns_speedup_cpu`` is its CPU time over the default's
+(``same_cycles_without_columns``). ``cpu_s`` figures are the process's CPU seconds
 (steadier than wall seconds on a shared machine; the cycle model's distinct phase replays run on one thread
 per CPU, so its wall seconds can be fewer than its CPU seconds).
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --engines
+    .venv/bin/python bench/compile_speed.py --cases mlp2048 --columns
     .venv/bin/python bench/compile_speed.py --cases wafer --cycles-only
 
 Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
@@ -63,7 +70,7 @@ def _timed(fn):
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False) -> dict:
+def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False, columns: bool = False) -> dict:
     """Compile one case stage by stage; the JSON record."""
     import torch
 
@@ -106,6 +113,20 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
         record["reference_engine_cycle_model_cpu_s"] = round(cpu, 3)
         record["engine_speedup"] = round(cpu / cycle_cpu, 2)
         record["same_cycles_both_engines"] = same == counts
+    if columns:      # the cycle model without the reduced replay, the round-aligned stops, int8 counts
+        import numpy as np
+
+        from wse.host.compiler import replay, replay_periods, replay_state
+        cycles.MEMO, replay.COLUMNS, replay_periods.ROUND_ALIGNED = cycles.ReplayMemo(), False, False
+        replay_state.QUEUE_COUNTS = np.int32
+        try:
+            same, wall, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False))
+        finally:
+            replay.COLUMNS, replay_periods.ROUND_ALIGNED, replay_state.QUEUE_COUNTS = True, True, np.int8
+        record["without_columns_cycle_model_cpu_s"] = round(cpu, 3)
+        record["without_columns_cycle_model_s"] = round(wall, 3)
+        record["columns_speedup_cpu"] = round(cpu / cycle_cpu, 2)
+        record["same_cycles_without_columns"] = same == counts
     if baseline:
         t = time.perf_counter()
         full = cycles.phase_cycles(the_plan, training_program(config), periods=False, progress=False,
@@ -127,6 +148,16 @@ def _warm_up() -> None:
     for periods in (True, False):
         for engine in ("adaptive", "events", "reference"):
             cycles.phase_cycles(the_plan, periods=periods, progress=False, engine=engine, reuse=False)
+    wide = plan(trace(_model((5, 96, 64, 3)), torch.randn(2, 5)), FabricConfig(width=12, height=4), 24)
+    cycles.phase_cycles(wide, progress=False, reuse=False)      # the reduced replay of the first columns
+    import numpy as np
+
+    from wse.host.compiler import replay_state
+    replay_state.QUEUE_COUNTS = np.int32                        # the queue counts of --columns' comparison
+    try:
+        cycles.phase_cycles(the_plan, progress=False, reuse=False)
+    finally:
+        replay_state.QUEUE_COUNTS = np.int8
 
 
 def main(argv=None) -> int:
@@ -135,11 +166,13 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", action="store_true", help="also time the full replay (no skipped periods)")
     parser.add_argument("--cycles-only", action="store_true", help="skip code generation (huge meshes)")
     parser.add_argument("--engines", action="store_true", help="also time the reference engine of the replay")
+    parser.add_argument("--columns", action="store_true",
+                        help="also time the cycle model as before the reduced replay, aligned stops, int8 counts")
     args = parser.parse_args(argv)
     _warm_up()
     records = []
     for name in args.cases:
-        record = run_case(name, args.baseline, args.cycles_only, args.engines)
+        record = run_case(name, args.baseline, args.cycles_only, args.engines, args.columns)
         records.append(record)
         print(json.dumps(record), flush=True)
     if len(records) > 1:       # growth: CPU seconds per PE-layer against the first case and the previous one

@@ -90,8 +90,7 @@ def closing_cycles(ops: np.ndarray, starts, ends) -> tuple[np.ndarray, np.ndarra
 
 def _replay_exits(network: Network, ops, starts, ends, inject, *, periods: bool, engine: str | None):
     """``(cycles, last cycle of each PE)`` of one replay (:func:`.replay.run_replay`)."""
-    count, cores = run_replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
-    return count, cores.free_at - 1
+    return run_replay(network, ops, starts, ends, inject, periods=periods, engine=engine)
 
 
 class ReplayMemo:

@@ -53,7 +53,7 @@ from .network import TO_EDGE, TO_PE, TO_ROUTER, Network, Routes
 from .replay_state import (  # noqa: F401 (the replay's state, known here by the engines and tests)
     _OUT_OF_TIME, _DEADLOCK, _GRANT, _INJECT, _TX_MOVE, _POP, _ISSUE, _WRITE, _EVENT_KINDS, EdgePorts, Queues,
     Cores, Events, _record, _new_state, _T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS,
-    _FINISHED, _STOPPED, _new_scalars, _edge_ports)
+    _FINISHED, _STOPPED, _new_scalars, _edge_ports, _BROKEN, ColumnProbe, no_probe, _probe_cycle, _probe_idle)
 
 __all__ = ["Network", "Routes", "replay", "run_replay", "pack_routes", "ENGINES", "TO_ROUTER", "TO_PE", "TO_EDGE"]
 
@@ -309,9 +309,9 @@ def _push_fifo(queues, r, c):
 
 
 @njit(cache=True)
-def _apply_grants(routes, queues, events):
-    """Forward the granted wavelets. Returns the change in non-empty FIFOs."""
-    n_targets, target_kind, target = routes.n_targets, routes.target_kind, routes.target
+def _apply_grants(table, queues, events):
+    """Forward the granted wavelets (their targets from the packed routes ``table``, in the
+    cache from the grant). Returns the change in non-empty FIFOs."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
     who, color = events.who, events.color
     change = 0
@@ -322,9 +322,9 @@ def _apply_grants(routes, queues, events):
         if router_fifo[r, c] == 0:
             busy_fifos[r] &= ~(1 << c)
             change -= 1
-        for k in range(n_targets[r, c]):
-            kind = target_kind[r, c, k]
-            to = target[r, c, k]
+        for k in range(table[r, c, _N]):
+            kind = table[r, c, _TARGETS + 2 * k]
+            to = table[r, c, _TARGETS + 2 * k + 1]
             if kind == TO_ROUTER:
                 change += _push_fifo(queues, to, c)
             elif kind == TO_PE:
@@ -403,7 +403,7 @@ _NO_WAKE = 1 << 62
 _PACKED: dict = {}
 
 
-def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
+def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch, probe=None):
     """Run cycles from the state until every PE reached ``END`` and the fabric
     is empty (``_FINISHED``; ``scalars[_LAST]`` is the last cycle with an
     event), or it hangs (``_DEADLOCK``), or it reaches the start of cycle
@@ -412,18 +412,24 @@ def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
     on: a run stepped a cycle at a time, e.g. ``bench/column_shift.py``), or,
     with ``watch >= 0``, until the start of a cycle at which PE ``watch`` stands
     at op row ``scalars[_SEEN_PC]`` or later (``_STOPPED``; calling again goes on).
-    The reference engine: every router and PE visited every cycle."""
+    The reference engine: every router and PE visited every cycle. A ``probe``
+    (:class:`ColumnProbe`, a reduced replay's checks) is run at every cycle; the
+    run stops with ``_BROKEN`` when one fails."""
     packed = _PACKED.get(id(routes.target))
     if packed is None or packed[0] is not routes.target:
         packed = (routes.target, pack_routes(routes))
         _PACKED[id(routes.target)] = packed
         while len(_PACKED) > 8:
             _PACKED.pop(next(iter(_PACKED)))
-    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, packed[1])
+    probe = _NO_PROBE if probe is None else probe
+    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, packed[1], probe)
+
+
+_NO_PROBE = no_probe()
 
 
 @njit(cache=True, nogil=True)
-def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, table):
+def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, table, probe):
     """:func:`_run` over the packed routes ``table`` (:func:`pack_routes`)."""
     count = events.count
     colors = routes.input_port.shape[1]
@@ -451,12 +457,16 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
         issued = count[_ISSUE]
         if moves > 0 and t > last:
             last = t
-        nonempty_fifos += _apply_grants(routes, queues, events)
+        nonempty_fifos += _apply_grants(table, queues, events)
         nonempty_fifos += _apply_injections(queues, ports, events)
         to_inject -= count[_INJECT]
         nonempty_fifos += _apply_tx_moves(queues, tx_depth, events)
         tx_wavelets += count[_WRITE] - count[_TX_MOVE]
         _apply_pe_queues(queues, tx_depth, events)
+        checked = probe.role.shape[0] > 0
+        if checked and _probe_cycle(probe, events, queues.router_fifo, routes.router_depth, t):
+            status = _BROKEN
+            break
         if moves == 0 and issued == 0 and progressed == 0 and nonempty_fifos == 0 and tx_wavelets == 0:
             # Nothing moved and nothing is in flight: skip to the next PE that
             # goes on by itself. An edge port that injected nothing into empty
@@ -464,6 +474,9 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
             # still holds is a hang once no PE is left to wake.
             wake = _next_wake(cores, t, _NO_WAKE)
             if wake < _NO_WAKE:      # at or after limit: stopped at the loop's top, the counters kept
+                if checked and _probe_idle(probe, t + 1, wake):
+                    status = _BROKEN
+                    break
                 t = wake
                 continue
             if running > 0 or to_inject > 0:
@@ -482,6 +495,9 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
 ENGINES = ("adaptive", "events", "reference")
 #: The engine :func:`replay` uses when none is named (tests set it to check whole compilers against the reference).
 DEFAULT_ENGINE = "adaptive"
+#: Whether :func:`run_replay` with periods tries the reduced replay of the first columns by default
+#: (:mod:`.replay_columns`; the same counts; ``bench/compile_speed.py --columns`` compares both).
+COLUMNS = True
 
 
 def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
@@ -509,10 +525,16 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
 
 
 def run_replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarray, inject: dict,
-               limit: int = 1 << 40, periods: bool = True, engine: str | None = None) -> tuple[int, Cores]:
-    """:func:`replay`'s cycles and the PEs' final :class:`Cores` (PE ``p`` ran until
-    ``cores.free_at[p] - 1``, its last cycle); the same arguments and errors."""
+               limit: int = 1 << 40, periods: bool = True, engine: str | None = None,
+               columns: bool | None = None) -> tuple[int, np.ndarray]:
+    """:func:`replay`'s cycles and every PE's last cycle (the cycle before its
+    ``free_at`` when it reached ``END``); the same arguments and errors. With
+    ``periods`` and ``columns`` (:data:`COLUMNS` if None) a phase whose columns
+    are time-shifted copies is replayed on its first columns
+    (:mod:`.replay_columns`; the same counts and last cycles), the full mesh
+    wherever a check of that rule fails (going on from the cycle it began at)."""
     from .replay_adaptive import AdaptiveRun
+    from .replay_columns import reduced_replay
     from .replay_events import run_events
     from .replay_periods import run_with_periods
 
@@ -526,6 +548,14 @@ def run_replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.n
     ports = _edge_ports(network, inject)
     starts = starts.astype(np.int64)
     ops = np.ascontiguousarray(ops, dtype=np.int32)     # half the bytes of int64: the PEs read them every cycle
+    reduced = None
+    if periods and (COLUMNS if columns is None else columns) and starts.shape[0] > 0:
+        reduced = reduced_replay(network, ops, starts, ends, inject, limit, run=run)
+    if reduced is not None:         # the reduced replay's count, or the full replay's from where it began
+        result, exits = reduced
+        if result < 0:
+            raise RuntimeError("the cycle model's replay hung: the schedule would not finish on the fabric")
+        return result, exits
     queues, cores, events = _new_state(routes, ports, starts)
     if periods and starts.shape[0] > 0:
         watch = int(np.argmax(np.asarray(ends) - starts))     # the PE with the longest op list
@@ -537,4 +567,4 @@ def run_replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.n
             result = scalars[_LAST] + 1
     if result < 0:
         raise RuntimeError("the cycle model's replay hung: the schedule would not finish on the fabric")
-    return int(result), cores
+    return int(result), cores.free_at - 1

@@ -36,7 +36,11 @@ check. When the watched PE's op list has
 an inner loop inside its rounds, both levels are watched: inner skips stop
 short of the watched PE's next round, so every round is entered in the true
 state, and repeats of whole rounds (periods that are multiples of
-``colors``) are skipped too (:func:`run_with_periods`).
+``colors``) are skipped too (:func:`run_with_periods`). Inner stops are
+counted from the first row of the watched PE's round, and inner skips land
+at one rotation phase where they can (:data:`ROUND_ALIGNED`), so that rounds
+alike pass states alike (choices of where to look and how far to skip: any
+skip is taken on the exact check alone).
 A state that comes back without a period to skip (the rounds left after a
 phase's last skip, a weight-gradient step that meets a state of an earlier
 one) goes on at once the way it went before: consecutive stops are kept as
@@ -65,6 +69,9 @@ _MAX_CANDIDATES = 4
 _SNAPSHOT_BYTES = 128 << 20
 #: Bytes of kept transitions (:class:`_Transitions`): the states of half a weight-gradient phase's steps on 128x128.
 _TRANSITION_BYTES = 512 << 20
+#: Inner stops counted from the start of the watched PE's round and inner skips landing at an aligned
+#: rotation phase (:func:`run_with_periods`); False: the stops and skips of before (the same counts).
+ROUND_ALIGNED = True
 
 @njit(cache=True, nogil=True)
 def _state_hash(queues, cores, events, left, ops, t):
@@ -109,25 +116,29 @@ def _small(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int8) if a.size == 0 or (a.min() >= -128 and a.max() <= 127) else a.copy()
 
 
-def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars) -> dict:
-    """The relative state at the start of cycle ``t`` (``pc`` and ``left`` kept apart: they may differ)."""
+def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars, extra=None) -> dict:
+    """The relative state at the start of cycle ``t`` (``pc`` and ``left`` kept apart: they may differ);
+    an ``extra`` state (a reduced replay's checks, :mod:`.replay_columns`) adds its own."""
     depth = queues.tx_colors.shape[1]
     n = queues.tx_count.shape[0]
     order = (queues.tx_head[:, None] + np.arange(depth)[None, :]) % depth
     tx = np.take_along_axis(queues.tx_colors, order, axis=1)
     tx[np.arange(depth)[None, :] >= queues.tx_count[:, None]] = -1
     active = ~cores.done
-    writes = events.count[_WRITE]
-    return {
+    writes = np.full(n, -1, dtype=np.int8)       # a PE issues one element a cycle: its pending write's color
+    writes[events.who[_WRITE, :events.count[_WRITE]]] = events.color[_WRITE, :events.count[_WRITE]]
+    snap = {
         "rel": dict(fifo=_small(queues.router_fifo), rx=_small(queues.rx), tx=_small(tx), done=cores.done.copy(),
                     free=np.where(active, np.maximum(cores.free_at - t, 0), 0),
                     index=np.where(active, cores.vector_index, 0),
                     written=active & (cores.written_at == t),
-                    writes=np.unique(np.stack([events.who[_WRITE, :writes], events.color[_WRITE, :writes]], axis=1),
-                                     axis=0),
+                    writes=writes,
                     has_left=ports.left > 0, phase=np.array([t % colors]), n=np.array([n])),
         "pc": cores.pc.copy(), "left": ports.left.copy(), "t": t, "conflicts": int(scalars[_CONFLICTS]),
         "free_all": cores.free_at - t, "last": int(scalars[_LAST])}
+    if extra:
+        extra.keep(snap, t)
+    return snap
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -166,9 +177,13 @@ def _repeats(ops, pcs, shifts, most):
     return most
 
 
-def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap=None) -> int:
+def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap=None, extra=None) -> int:
     """Skip the most repeats (at most ``cap``, if given) of the period from ``first`` to
-    ``second`` (the current state) that are proven to repeat; returns how many (0: none)."""
+    ``second`` (the current state) that are proven to repeat; returns how many (0: none).
+    ``cap`` may be ``(most, colors)``: then the skip lands, where it can, at the rotation
+    phase ``t mod gcd(period, colors)`` (fewer repeats), so that skips of rounds alike land
+    in states alike, whose transitions a later round can take (:func:`_jump`)."""
+    cap, align = cap if isinstance(cap, tuple) else (cap, 0)
     period = second["t"] - first["t"]
     shift = second["pc"] - first["pc"]
     if period <= 0 or (shift < 0).any():
@@ -186,6 +201,10 @@ def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap
     if moving.any() and most > 0:
         pairs = np.unique(np.stack([second["pc"][moving], shift[moving]], axis=1), axis=0)
         most = _repeats(ops, np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]), most)
+    if align and most > 0:      # a choice of how many to skip: any number up to ``most`` is proven
+        wanted = second["t"] % math.gcd(period, align)
+        most = next((m for m in range(most, max(most - align, 0), -1)
+                     if (second["t"] + m * period) % align == wanted), most)
     if most <= 0:
         return 0
     span = most * period
@@ -200,6 +219,8 @@ def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap
     scalars[_T] += span
     if scalars[_LAST] >= first["t"]:
         scalars[_LAST] += span
+    if extra:
+        extra.skipped(first["t"], second["t"], span)
     return most
 
 
@@ -247,15 +268,16 @@ def _prefix_function(seq):
 def _check(candidates: list, t: int, state, ops, cores, ports, scalars, limit: int, cap) -> bool:
     """Check the candidates due at ``t`` (dropping those due before); skip on the
     first exact repeat (at most ``cap(first, second)`` periods). True if skipped."""
-    queues, events, colors = state
+    queues, events, colors, extra = state
     due = [c for c in candidates if c[0]["t"] + c[1] <= t]
     candidates[:] = [c for c in candidates if c[0]["t"] + c[1] > t]
     second = None
     for first, period in due:
         if first["t"] + period != t:
             continue
-        second = second or _snapshot(queues, cores, events, ports, t, colors, scalars)
-        if _same(first, second) and _skip(first, second, ops, cores, ports, scalars, limit, cap(first, second)):
+        second = second or _snapshot(queues, cores, events, ports, t, colors, scalars, extra)
+        if _same(first, second) and _skip(first, second, ops, cores, ports, scalars, limit, cap(first, second),
+                                          extra):
             if second["conflicts"] != first["conflicts"]:
                 # the skipped cycles had rotation-dependent grants too: a longer
                 # window around them must not count as free of them
@@ -361,12 +383,14 @@ def _jump(transitions: _Transitions, key: int, now: dict, ops, state, cores, por
     PE ``pc_b - pc_a`` rows on, each port's counts down by what it injected: that
     state is set (``b``'s queues, cores and pending writes; PEs done before keep
     their exit cycle). True if it jumped."""
-    queues, events, colors = state
-    for a, b in transitions.earlier(key)[:_MAX_CANDIDATES]:
+    queues, events, colors, extra = state
+    usable = [(a, b) for a, b in transitions.earlier(key)      # the rotation's phase first: same hash, any phase
+              if not (now["t"] - a["t"]) % colors or b["conflicts"] == a["conflicts"]]
+    for a, b in usable[:_MAX_CANDIDATES]:
         if a["t"] >= now["t"] or not all(np.array_equal(a["rel"][k], now["rel"][k]) for k in a["rel"] if k != "phase"):
             continue
         span = b["t"] - a["t"]
-        if (now["t"] - a["t"]) % colors and b["conflicts"] != a["conflicts"] or now["t"] + span >= limit:
+        if now["t"] + span >= limit:
             continue
         moved = b["pc"] - a["pc"]
         active = ~a["rel"]["done"]
@@ -379,6 +403,8 @@ def _jump(transitions: _Transitions, key: int, now: dict, ops, state, cores, por
         if (injected < 0).any() or not np.where(b["left"] > 0, left > 0, now["left"] == a["left"]).all():
             continue
         _restore(b, now, a, left, queues, cores, events, ports, scalars)
+        if extra:
+            extra.restored(b, now, a)
         return True
     return False
 
@@ -400,10 +426,10 @@ def _restore(b: dict, now: dict, a: dict, left, queues, cores, events, ports, sc
     cores.vector_index[:] = rel["index"]
     cores.written_at[:] = np.where(rel["written"], t, -1)
     cores.done[:] = rel["done"]
-    writes = rel["writes"]
-    events.count[_WRITE] = writes.shape[0]
-    events.who[_WRITE, :writes.shape[0]] = writes[:, 0]
-    events.color[_WRITE, :writes.shape[0]] = writes[:, 1]
+    who = np.flatnonzero(rel["writes"] >= 0)
+    events.count[_WRITE] = who.shape[0]
+    events.who[_WRITE, :who.shape[0]] = who
+    events.color[_WRITE, :who.shape[0]] = rel["writes"][who]
     ports.left[:] = left
     ports.left_total[:] = left.sum(axis=1)
     scalars[_T] = t
@@ -416,13 +442,14 @@ def _restore(b: dict, now: dict, a: dict, left, queues, cores, events, ports, sc
     scalars[_CONFLICTS] += b["conflicts"] - a["conflicts"]
 
 
-def _look_back(history: _History, key: int, now: dict, ops, cores, ports, scalars, limit: int, cap) -> bool:
+def _look_back(history: _History, key: int, now: dict, ops, cores, ports, scalars, limit: int, cap,
+               extra=None) -> bool:
     """Skip on the latest earlier stop of hash ``key`` whose kept state equals ``now`` (an exact repeat:
     :func:`_same`, then :func:`_skip`); True if skipped."""
     for t_before, first in reversed(history.earlier(key)):
         if first is None or t_before >= now["t"] or not _same(first, now):
             continue
-        if _skip(first, now, ops, cores, ports, scalars, limit, cap(first, now)):
+        if _skip(first, now, ops, cores, ports, scalars, limit, cap(first, now), extra):
             if now["conflicts"] != first["conflicts"]:
                 scalars[_CONFLICTS] += 1       # as in _check: the skipped cycles had rotation-dependent grants
             return True
@@ -443,7 +470,7 @@ def _propose(candidates: list, history: _History, key: int, now: dict, spans) ->
 
 
 def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watch: int, end: int,
-                     run=_run) -> int:
+                     run=_run, scalars=None, extra=None) -> int:
     """The replay's result (cycles, or a negative hang code) from a fresh state,
     skipping the proven repeats of periods of the fabric's state (module docstring).
     ``run`` is the engine (:func:`.replay._run` or :func:`.replay_events.run_events`'s).
@@ -458,9 +485,11 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
     inner skips inside it (a skipped period that had such grants marks the
     conflict counter). A stop that skips nothing may still jump to a known
     successor of its state (:func:`_jump`); the state a skip or a jump lands
-    in is taken as the next stop."""
+    in is taken as the next stop. ``scalars`` (a run's counters) go on from a
+    state that is not fresh; an ``extra`` state (:mod:`.replay_columns`) is
+    compared, kept, shifted by skips and set by jumps with the fabric's."""
     colors = routes.input_port.shape[1]
-    scalars = _new_scalars(cores.pc, ports, watch)
+    scalars = _new_scalars(cores.pc, ports, watch) if scalars is None else scalars
     base = int(cores.pc[watch])
     stride = _stride(ops[base:end])
     if stride == 0:           # no rounds to repeat: the plain replay
@@ -469,21 +498,26 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
     outer = _row_period(ops[base:end])
     outer = outer if outer > stride else 0
-    state = (queues, events, colors)
+    state = (queues, events, colors, extra)
 
-    def following(level: int, pc: int) -> int:
-        return base + ((pc - base) // level + 1) * level
+    def following(level: int, pc: int, start: int = base) -> int:
+        return start + ((pc - start) // level + 1) * level
 
     def next_stop() -> int:
+        """The watched PE's next inner stop, counted from the start of its round (so every round
+        stops at the same rows of it), or the next round's start."""
         pc = int(cores.pc[watch])
-        return min(following(stride, pc), following(outer, pc)) if outer else following(stride, pc)
+        if not outer or not ROUND_ALIGNED:
+            return min(following(stride, pc), following(outer, pc)) if outer else following(stride, pc)
+        return min(following(stride, pc, base + (pc - base) // outer * outer), following(outer, pc))
 
     def inner_cap(first, second):
-        """Inner skips end before the watched PE's next round begins."""
+        """Inner skips end before the watched PE's next round begins, at an aligned rotation phase."""
         moved = int(second["pc"][watch] - first["pc"][watch])
         if not outer or moved <= 0:
             return None
-        return (following(outer, int(second["pc"][watch])) - 1 - int(second["pc"][watch])) // moved
+        most = (following(outer, int(second["pc"][watch])) - 1 - int(second["pc"][watch])) // moved
+        return (most, colors) if ROUND_ALIGNED else most
 
     def spans(period: int) -> list:
         return sorted({period, period * colors // math.gcd(period, colors)})
@@ -524,15 +558,17 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
             previous, landed = None, True
             continue
         key = int(_state_hash(queues, cores, events, ports.left, ops, t))
-        now = _snapshot(queues, cores, events, ports, t, colors, scalars)
+        key = hash((key, extra.key(t))) if extra else key
+        now = _snapshot(queues, cores, events, ports, t, colors, scalars, extra)
         if previous is not None:
             transitions.add(*previous, now)
         previous = (key, now)
-        if at_round and _look_back(rounds_seen, key, now, ops, cores, ports, scalars, limit, lambda a, b: None):
+        if at_round and _look_back(rounds_seen, key, now, ops, cores, ports, scalars, limit, lambda a, b: None,
+                                   extra):
             round_skipped()
             previous, landed = None, True
             continue
-        if _look_back(seen, key, now, ops, cores, ports, scalars, limit, inner_cap):
+        if _look_back(seen, key, now, ops, cores, ports, scalars, limit, inner_cap, extra):
             scalars[_SEEN_PC] = next_stop()
             seen.clear(), candidates.clear()
             previous, landed = None, True
@@ -540,6 +576,6 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         _propose(candidates, seen, key, now, spans)
         if at_round:
             _propose(round_candidates, rounds_seen, key, now, spans)
-        if _jump(transitions, key, now, ops, (queues, events, colors), cores, ports, scalars, limit):
+        if _jump(transitions, key, now, ops, state, cores, ports, scalars, limit):
             previous = None
             landed = True
