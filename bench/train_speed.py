@@ -60,7 +60,7 @@ from pathlib import Path
 
 import torch
 
-from wse.config import UsageError
+from wse.config import FabricConfig, UsageError
 from wse.host.appliance import ReferenceTrainer, TrainConfig, prepare
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fc_mnist.py"
@@ -187,14 +187,18 @@ def compare_gpt(args) -> int:
                       "ratio_ok": ratio <= TARGET_RATIO, "max_rel_loss_diff": float(np.float64(worst)),
                       "what": "CPU seconds per step (process time, robust to other load)"}))
     if not args.no_fabric:
-        gpt_fabric_cycles(run, common, args.sram_words)
+        try:
+            gpt_fabric_cycles(run, common, args.sram_words)
+        except UsageError as exc:                   # the step does not fit --sram-words: one line
+            print(f"train_speed: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
 def gpt_fabric_cycles(run, common: dict, sram_words: int = 12288) -> None:
     """Print the GPT step's fabric cycles and FMAC utilization per phase kind (static cycle model) and its
     memory plan, on PEs of ``sram_words`` words."""
-    from wse.config import FabricConfig, parse_mesh
+    from wse.config import parse_mesh
     from wse.host.compiler.gpt_phases import compile_gpt
 
     width, height = parse_mesh(run.settings.mesh)
@@ -250,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.backends:
         return compare_backends(args)
     if args.gpt:
+        try:
+            FabricConfig.current().replace(sram_words=args.sram_words)
+        except UsageError as exc:                   # before the PyTorch comparison, not after it
+            print(f"train_speed: --sram-words: {exc}", file=sys.stderr)
+            return 2
         return compare_gpt(args)
     with tempfile.TemporaryDirectory() as scratch:
         try:

@@ -27,6 +27,12 @@ def schedule():
     return compile_gpt(graph, FabricConfig(width=4, height=4), 2, cycles=False, resident=False)
 
 
+@pytest.fixture(scope="module")
+def resident():
+    graph, *_ = _setup(2)
+    return compile_gpt(graph, FabricConfig(width=4, height=4), 2, cycles=False)
+
+
 def test_every_kept_value_has_a_slot_above_its_phases_and_apart_from_the_others(schedule):
     plan, phases = schedule.memory, schedule.phases
     hosts = {n.name for n in schedule.graph.nodes if n.kind in ("tokens", "positions")}
@@ -69,7 +75,7 @@ def test_footprints_are_the_least_memory_each_program_accepts(schedule):
             kernel_plan(config.replace(sram_words=p.footprint), p.op, sizes, p.arg("eps"))
             with pytest.raises(UsageError, match="words per PE"):
                 kernel_plan(config.replace(sram_words=p.footprint - 1), p.op, sizes, p.arg("eps"))
-        elif p.kind == "gemm" and p.op == "linear":
+        elif p.kind == "gemm":                            # linear, linear-data, linear-weight: one executable
             k, o, bias = p.arg("k"), p.arg("o"), p.arg("bias") is not None
             linear_executable(config.replace(sram_words=p.footprint), schedule.tokens, k, o, bias, False)
             with pytest.raises(ws.FitError):
@@ -81,10 +87,63 @@ def test_footprints_are_the_least_memory_each_program_accepts(schedule):
     assert {op for op, _ in seen} >= {"residual", "layernorm", "layernorm-bwd", "gelu", "gelu-bwd"}
 
 
-def test_a_gpt_that_does_not_fit_is_refused_in_one_line(schedule):
+def test_relayout_move_and_round_footprints_are_their_programs_least_memory(schedule, resident):
+    """A relayout's footprint (an attention relayout, a token-major copy, a move) is the least ``sram_words``
+    ``plan_relayout`` accepts for its words; an attention round's is its region's top, with every round
+    program's data below the region's base and its buffers inside the region."""
+    from wse.firmware.kernels.relayout import plan_relayout
+    from wse.host.compiler.gpt_memory import least_memory
+    from wse.host.compiler.gpt_tiles import MATRICES, _region, head_tiling, relayout_in, relayout_out, \
+        round_kernel, token_major
+
+    config, words = resident.config, schedule.memory.words           # the moves' tables go above the plan's words
+
+    def tiling(p):
+        return head_tiling(config, resident.sequences, p.arg("heads"), p.arg("t"), p.arg("dh"), p.arg("scale"))
+
+    def least(plan, free):
+        return least_memory(config, lambda cfg: plan_relayout(cfg, plan.src, plan.dst, free))
+
+    def top(plan):
+        return int(max(plan.src[:, 2].max(), plan.dst[:, 2].max())) + 1
+
+    checked = set()
+    for p in resident.phases:
+        if p.op == "relayout-in":
+            t = tiling(p)
+            plan = relayout_in(t, p.arg("round"), p.arg("what"))[0]
+            assert least(plan, t.top + len(MATRICES) * _region(t)) == p.footprint, p.name
+        elif p.op == "relayout-out":
+            t = tiling(p)
+            plan = relayout_out(t, p.arg("round"), p.arg("what"))[0]
+            assert least(plan, t.top + _region(t)) == p.footprint, p.name
+        elif p.op == "token-major":
+            exe = linear_executable(config, resident.tokens, p.arg("k"), p.arg("o"), p.arg("bias") is not None)
+            plan = token_major(config, resident.tokens, p.arg("k"), exe.regions["act1"][0], exe.regions["act1tm"][0])
+            assert least(plan, top(plan)) == p.footprint, p.name
+        elif p.kind == "move":
+            plan = resident.moves[p.name].plan
+            assert least(plan, max(words, top(plan))) == p.footprint, p.name
+        elif p.kind in ("attention", "softmax"):
+            t = tiling(p)
+            kernel = round_kernel(t, p.arg("variant"), p.arg("scale"), len(t.rounds[p.arg("round")]))
+            assert p.footprint == t.top and kernel.program.data_end <= t.base, p.name
+            assert all(t.base <= int(np.min(a)) and int(np.max(a)) < t.top for _, a in t.buffers), p.name
+        else:
+            continue
+        checked.add(p.op)
+    assert checked == {"relayout-in", "relayout-out", "token-major", "move", "attention", "softmax"}
+
+
+def test_a_gpt_that_does_not_fit_is_refused_in_one_line(schedule, resident):
     graph, *_ = _setup(2)
-    need = schedule.memory.words
-    assert need > max(p.footprint for p in schedule.phases)       # the kept values decide it
+    need = resident.memory.words
+    assert need > schedule.memory.words > max(p.footprint for p in schedule.phases)  # kept values, then moves
+    # the moves' staging and tables are counted: every move's program fits the plan's words
+    moves = [p for p in resident.phases if p.kind == "move"]
+    assert len(resident.memory.moves) == len(moves) and max(p.footprint for p in moves) == need
+    assert resident.memory.peak_phase.startswith("move-")
+    compile_gpt(graph, FabricConfig(width=4, height=4, sram_words=need), 2, cycles=False)
     with pytest.raises(UsageError) as error:
         compile_gpt(graph, FabricConfig(width=4, height=4, sram_words=need - 1), 2, cycles=False)
     message = str(error.value)
@@ -93,6 +152,25 @@ def test_a_gpt_that_does_not_fit_is_refused_in_one_line(schedule):
                               "vocabulary 16) with 2 sequences does not fit a 4x4 mesh: at phase '")
     assert f"the step needs {need} words per PE, sram_words is {need - 1}; use a smaller batch or a mesh with more rows" \
         in message
+    # without the moves the host carries the values: the plan is made but nothing refuses it
+    small = compile_gpt(graph, FabricConfig(width=4, height=4, sram_words=schedule.memory.words - 1), 2,
+                        cycles=False, resident=False)
+    assert not small.memory.fits and not small.moves
+
+
+def test_a_value_no_phase_writes_is_live_from_its_first_reader():
+    from types import SimpleNamespace as Phase
+    from wse.host.compiler.gpt_memory import plan_memory
+    phases = [Phase(name="a", op="x", inputs=("w",), outputs=("u",), footprint=10),
+              Phase(name="b", op="x", inputs=("u",), outputs=("v",), footprint=10),
+              Phase(name="c", op="x", inputs=("w", "v"), outputs=(), footprint=10)]
+    plan = plan_memory(phases, None, FabricConfig(width=2, height=2), [4], {"w": 4, "u": 4, "v": 4}, [])
+    assert (plan.slots["w"].first, plan.slots["w"].last) == (0, 2)
+    slots = list(plan.slots.values())
+    for i, a in enumerate(slots):                 # w (read by a and c) meets neither u nor v
+        for b in slots[i + 1:]:
+            if a.first <= b.last and b.first <= a.last:
+                assert a.addr + a.words <= b.addr or b.addr + b.words <= a.addr, (a, b)
 
 
 def test_the_resident_step_computes_on_what_the_moves_left():

@@ -81,9 +81,13 @@ def test_kept_words_survive_a_load_and_the_others_clear(name):
         device.launch(0)
         assert device.run() > 0
         assert np.array_equal(device.memcpy_d2h(30, 1)[:, :, 0], pattern[:, :, 12 - 8])
-        # a rect: only its PEs load; a plain load clears what was kept
+        # a rect: only its PEs load (word 12, not kept, clears inside the rect and survives outside it);
+        # a plain load clears what was kept
         device.load(program, rect=(1, 0, 2, 1), keep=[(30, 31)])
         assert np.array_equal(device.memcpy_d2h(30, 1)[:, :, 0], pattern[:, :, 12 - 8])
+        inside = np.zeros((h, w), dtype=bool)
+        inside[0, 1:3] = True
+        assert np.array_equal(device.memcpy_d2h(12, 1)[:, :, 0], np.where(inside, 0, pattern[:, :, 12 - 8]))
         device.load(program)
         assert not device.memcpy_d2h(4, 36).any()
     finally:
@@ -111,3 +115,28 @@ def test_a_bad_keep_is_one_line_the_same_on_every_device(name):
                                                    "(2, 6); a load keeps a word or writes it, not both")
     assert _message(golden, program, [(5, 3)]) == (f"load keep must be a sequence of (lo, hi) word ranges with "
                                                    f"0 <= lo <= hi <= {config.sram_words}, not (5, 3)")
+
+
+@pytest.mark.parametrize("name", ["golden", "verilator"])
+def test_a_kept_word_keeps_its_flip_undecoded_until_read(name):
+    """A load that keeps a word keeps it as stored, check bits included: an injected single flip is neither
+    corrected nor counted by the load, and a double flip in a kept word no program reads raises nothing;
+    the program's read corrects the single flip and counts it, the same on the golden model and the RTL."""
+    config = _config()
+    device = _make(name, config)
+    try:
+        program = assemble(SOURCE, filename="keep.s", config=config)
+        device.load(program)
+        device.memcpy_h2d(12, np.full((config.height, config.width, 4), 5, dtype=np.uint32))
+        device.inject(0, 0, 12, [3])
+        device.inject(1, 0, 13, [3, 5])
+        device.load(program, keep=[(12, 16)])
+        assert {k: int(v.sum()) for k, v in device.ecc_counters().items()} == {"corrected": 0, "detected": 0}
+        device.launch(0)
+        device.run()
+        assert {k: int(v.sum()) for k, v in device.ecc_counters().items()} == {"corrected": 1, "detected": 0}
+        assert not (device.memcpy_d2h(30, 1) - 5).any()      # every PE copied the (corrected) 5
+    finally:
+        close = getattr(device, "close", None)
+        if close is not None:
+            close()

@@ -304,18 +304,20 @@ def _pass_on(line: list[list[tuple]]) -> None:
 
 
 def plan_relayout(config: FabricConfig, src: np.ndarray, dst: np.ndarray, free: int,
-                  what: str = "relayout") -> RelayoutPlan:
+                  what: str = "relayout", check: bool = True) -> RelayoutPlan:
     """Plan moving word ``i`` from ``src[i]`` to ``dst[i]`` (``int64 [n, 3]`` of ``(x, y, address)``).
 
     ``free`` is the first address above every source and destination word; staging buffers and
     the tables go there. Raises :class:`UsageError` if an address is below the program's data or
-    the PEs' memory is too small, or if two words go to one destination."""
+    the PEs' memory is too small, or if two words go to one destination. ``check=False`` leaves the memory
+    check to the caller (the GPT's memory plan counts a move's staging and tables with everything else)."""
     program = kernel_program("relayout", config, T_START=T_START)
     src, dst = np.asarray(src, dtype=np.int64).reshape(-1, 3), np.asarray(dst, dtype=np.int64).reshape(-1, 3)
     for name, a in (("source", src), ("destination", dst)):
         if len(a) and (a[:, 2].min() < program.data_end or a[:, 2].max() >= free):
             raise UsageError(f"{what}: a {name} address is outside {program.data_end}..{free - 1}")
-    cells = (dst[:, 1] * config.width + dst[:, 0]) * config.sram_words + dst[:, 2]
+    depth = max(config.sram_words, free)
+    cells = (dst[:, 1] * config.width + dst[:, 0]) * depth + dst[:, 2]
     if len(np.unique(cells)) != len(cells):
         raise UsageError(f"{what}: two words go to one destination")
     rows = pieces(src, dst)
@@ -359,7 +361,7 @@ def plan_relayout(config: FabricConfig, src: np.ndarray, dst: np.ndarray, free: 
             stages[0].tables[pe] = entries + stages[0].tables.get(pe, [])
     table = max(stage_top.values(), default=free)
     longest = max((len(e) for s in stages for e in s.tables.values()), default=0)
-    if table + 4 * longest > config.sram_words:
+    if check and table + 4 * longest > config.sram_words:
         raise UsageError(f"{what} on a {config.mesh} mesh needs {table + 4 * longest} words per PE but "
                          f"sram_words is {config.sram_words}")
     lo = np.full((config.height, config.width), np.iinfo(np.int64).max)

@@ -8,10 +8,12 @@ them (:attr:`~.gpt_phases.GptPhase.footprint`). The values that cross from one p
 no program of their lifetime overwrites: :func:`plan_memory` gives each a fixed range of every PE's
 memory for its lifetime (from the phase that writes it to the last that reads it), above the largest
 footprint of the phases in that lifetime, by a linear scan over the phases in order, first fit beside
-the values live at the same time (the ranges of values no longer live are free again). The highest
-word in use at any phase (its own footprint or a live value's range) is the step's memory per PE; a
-step that needs more than ``sram_words`` is refused at compile time, naming the model's sizes, the
-phase at the peak and the words needed against those available.
+the values live at the same time (the ranges of values no longer live are free again). A resident
+step's ``move`` programs (:mod:`.gpt_moves`) put their staging and tables above every slot and phase
+buffer; :func:`count_moves` counts each move's footprint at the phase it serves. The highest word in
+use at any phase (its own footprint, a live value's range or a move's tables) is the step's memory
+per PE; a step that needs more than ``sram_words`` is refused at compile time (:func:`check_step`),
+naming the model's sizes, the phase at the peak and the words needed against those available.
 
 Which values live on the wafer: every value a device phase reads or writes in the streamed GEMM's
 layout (feature ``k`` on mesh row ``k mod H``, each column's tokens), ``ceil(F / H)`` words per token
@@ -34,8 +36,8 @@ from wse.config import FabricConfig, UsageError
 
 from .weight_streaming import FitError
 
-__all__ = ["Slot", "MemoryPlan", "plan_memory", "step_memory", "check_fits", "least_memory", "gemm_footprint", "relayout_footprint",
-           "ROUND_VALUES", "OFF_WAFER"]
+__all__ = ["Slot", "MemoryPlan", "plan_memory", "step_memory", "count_moves", "check_fits", "check_step",
+           "least_memory", "gemm_footprint", "relayout_footprint", "ROUND_VALUES", "OFF_WAFER"]
 
 #: Prefixes of the values an attention round keeps in its own region (never in the store).
 ROUND_VALUES = ("s:", "o:", "dp:", "ds:", "dv:", "dq:", "dk:")
@@ -65,7 +67,7 @@ class MemoryPlan:
     sram_words:
         The PE's data memory.
     largest, largest_phase:
-        The largest phase footprint and its phase.
+        The largest phase footprint and its phase (a move's, once counted).
     slots:
         The values kept between phases by name, in the order they are written.
     aliases:
@@ -73,9 +75,12 @@ class MemoryPlan:
     live:
         Per phase, the words of the values live during it.
     high:
-        Per phase, the first word above everything in use during it: its own footprint and the live slots.
+        Per phase, the first word above everything in use during it: its own footprint, the live slots and
+        (after :func:`count_moves`) the staging and tables of the moves serving it.
     peak_phase:
-        The (first) phase with the largest :attr:`high`.
+        The (first) phase with the largest :attr:`high` (the move's name where a move's tables are the peak).
+    moves:
+        ``(name, phase index, footprint)`` of every move program counted (:func:`count_moves`).
     """
     sram_words: int
     largest: int
@@ -85,10 +90,12 @@ class MemoryPlan:
     live: tuple[int, ...]
     high: tuple[int, ...]
     peak_phase: str
+    moves: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def words(self) -> int:
-        """Words per PE the step needs: the largest :attr:`high`."""
+        """Words per PE the step needs: the largest :attr:`high` (every phase's buffers, the slots live
+        during it and, once counted by :func:`count_moves`, its moves' staging and tables)."""
         return max(self.high, default=0)
 
     @property
@@ -156,6 +163,7 @@ def plan_memory(phases: Sequence, graph, config: FabricConfig, blocks: Sequence[
     aliases = _roots(phases)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
+    reader: dict[str, int] = {}
     for i, p in enumerate(phases):
         if p.op in ("view", "view-bwd"):
             continue                           # no word moves: the readers of a view read its root
@@ -167,8 +175,9 @@ def plan_memory(phases: Sequence, graph, config: FabricConfig, blocks: Sequence[
             n = aliases.get(n, n)
             if _on_wafer(n, host):
                 last[n] = i
+                reader.setdefault(n, i)
     for n in list(last):
-        first.setdefault(n, last[n])          # read but written by no phase: live from its first reader
+        first.setdefault(n, reader[n])        # read but written by no phase: live from its first reader
     base_index = max(range(len(phases)), key=lambda i: phases[i].footprint, default=0)
     foot = [p.footprint for p in phases]
     words = {n: value_words(n, graph, config, blocks, saved) for n in first}
@@ -201,14 +210,35 @@ def _first_fit(taken: list[tuple[int, int]], floor: int, words: int) -> int:
     return addr
 
 
+def count_moves(plan: MemoryPlan, moves: Sequence[tuple[str, int, int]]) -> MemoryPlan:
+    """``plan`` with the move programs ``(name, index of the phase it serves, footprint)`` counted: a move's
+    staging and tables lie above the plan's words, so each raises its phase's :attr:`MemoryPlan.high`."""
+    high = list(plan.high)
+    for _, at, footprint in moves:
+        high[at] = max(high[at], footprint)
+    peak_phase = plan.peak_phase
+    if high and max(high) > plan.words:
+        peak = high.index(max(high))
+        peak_phase = max((m for m in moves if m[1] == peak), key=lambda m: m[2])[0]
+    largest, largest_phase = plan.largest, plan.largest_phase
+    for name, _, footprint in moves:
+        if footprint > largest:
+            largest, largest_phase = footprint, name
+    return dataclasses.replace(plan, high=tuple(high), peak_phase=peak_phase, largest=largest,
+                               largest_phase=largest_phase,
+                               moves=plan.moves + tuple((str(n), int(a), int(f)) for n, a, f in moves))
+
+
 def check_fits(plan: MemoryPlan, phases: Sequence, what: str, config: FabricConfig) -> None:
     """Raise :class:`~.weight_streaming.FitError` (a :class:`UsageError`), one line naming ``what`` (the
-    model and its batch), the phase at the peak and the words, if ``plan`` needs more than ``sram_words``."""
+    model and its batch), the phase at the peak and the words, if ``plan`` needs more than ``sram_words``
+    (``phases``: those the plan was made of, before any move)."""
     if plan.fits:
         return
     peak = plan.high.index(plan.words)
+    own = max([phases[peak].footprint] + [f for _, at, f in plan.moves if at == peak])
     raise FitError(f"{what} does not fit a {config.mesh} mesh: at phase '{plan.peak_phase}' (its own buffers "
-                   f"{phases[peak].footprint} words, {plan.live[peak]} words of values kept between phases live, "
+                   f"{own} words, {plan.live[peak]} words of values kept between phases live, "
                    f"each above the buffers of every phase of its life) the step needs {plan.words} words per PE, "
                    f"sram_words is {config.sram_words}; use a smaller batch or a mesh with more rows (each PE "
                    f"holds fewer features) or columns (fewer tokens)")
@@ -245,15 +275,20 @@ def relayout_footprint(plan) -> int:
 
 def step_memory(builder, blocks: Sequence[int]) -> MemoryPlan:
     """The memory plan of :func:`~.gpt_phases.compile_gpt`'s phases (``builder``: its graph, mesh, phases,
-    attention groups and their tilings), refused in one line if it does not fit ``sram_words``."""
+    attention groups and their tilings), fitting or not (:func:`check_step` decides)."""
     tilings = {f"p:{g.node}": builder.tiling(g) for g in builder.groups.values()}
     saved = {k: len(t.rounds) * len(t.query_blocks()[0]) * len(t.key_blocks()[0]) for k, t in tilings.items()}
     graph = builder.graph
     hosts = [n.name for n in graph.nodes if n.kind in ("tokens", "positions")]
-    plan = plan_memory(builder.phases, graph, builder.config, blocks, saved, hosts)
+    return plan_memory(builder.phases, graph, builder.config, blocks, saved, hosts)
+
+
+def check_step(builder, plan: MemoryPlan, phases: Sequence) -> None:
+    """Refuse, in one line naming the GPT's sizes and batch, a step whose ``plan`` (of ``phases``, the
+    schedule before its moves) does not fit ``sram_words``."""
+    graph = builder.graph
     d_model = max((n.dim for n in graph.nodes if n.kind == "embedding"), default=0)
     heads = "/".join(map(str, sorted({builder.heads(g) for g in builder.groups.values()}))) or "0"
-    check_fits(plan, builder.phases, f"the GPT {graph.name} ({len(builder.groups)} attention layer(s), "
+    check_fits(plan, phases, f"the GPT {graph.name} ({len(builder.groups)} attention layer(s), "
                f"d_model {d_model}, {heads} heads, context {builder.T}, vocabulary {graph.loss.vocab}) "
                f"with {builder.B} sequences", builder.config)
-    return plan

@@ -8,8 +8,9 @@ kernel's heap, the streamed GEMM's regions, a relayout's GEMM-side slots, an att
 its output ports into their slots): programs of the relayout kernel (``relayout.s``), whose moves are
 local (a PE's words to another address of the same PE) except LayerNorm's ``r``, which the column's
 first row holds and every row of the column keeps in its slot (a column stage). Each move's cycles
-come from the relayout's static mirror, equal to the golden model's. A move's tables go above every
-slot and every phase buffer (:attr:`MemoryPlan.words`).
+come from the relayout's static mirror, equal to the golden model's. A move's staging and tables go
+above every slot and every phase buffer (the plan's words before the moves); the memory plan counts
+them (:func:`.gpt_memory.count_moves`), so one refusal covers the moves too.
 
 Every port and slot lists its words in one order, per PE (rows, then columns) the PE's words in
 order: for a value in the streamed GEMM's layout the PE's features in order, each with its column's
@@ -30,10 +31,10 @@ from wse.firmware.kernels import residual as residual_kernel
 from wse.firmware.kernels.embedding_rows import plan_rows
 from wse.firmware.kernels.relayout import RelayoutPlan, plan_relayout
 
-from .gpt_memory import MemoryPlan, relayout_footprint
+from .gpt_memory import MemoryPlan, count_moves, relayout_footprint
 from .gpt_tiles import MATRICES, HeadTiling, _region, head_tiling, relayout_cycles, relayout_out
 
-__all__ = ["Move", "Ports", "phase_ports", "with_moves", "slot_words", "gemm_counts", "ROUND_OPS"]
+__all__ = ["Move", "Ports", "phase_ports", "with_moves", "make_resident", "slot_words", "gemm_counts", "ROUND_OPS"]
 
 #: Ops that run inside an attention round (the round's region is kept from its relayout in to its last relayout out).
 ROUND_OPS = ("relayout-in", "relayout-out", "attention", "softmax")
@@ -193,7 +194,11 @@ def slot_words(memory: MemoryPlan, value: str, port: np.ndarray, partial: bool, 
     slot = memory.slot(value)
     if partial:
         top = tiling_of(phase).top
-        return np.stack([port[:, 0], port[:, 1], slot.addr + port[:, 2] - top], axis=1)
+        offset = port[:, 2] - top
+        if len(port) and (offset.min() < 0 or offset.max() >= slot.words):
+            raise ValueError(f"{phase.name}: the words {int(port[:, 2].min())}..{int(port[:, 2].max())} of "
+                             f"{value} are not within its {slot.words}-word slot's image from {top}")
+        return np.stack([port[:, 0], port[:, 1], slot.addr + offset], axis=1)
     offset = phase.arg("round") * held if value.startswith("p:") else 0
     rank = np.zeros(len(port), dtype=np.int64)
     if len(port):
@@ -267,8 +272,8 @@ def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str
     ranges ``(keep, resident, resident_per_pe)`` of a resident run: the words its load keeps (the live
     slots, the attention round's region, its input ports, a move's span) and those the host does not write
     because the device holds them (its input ports, the round's region, a move's span), on every PE or
-    (``{(x, y): ranges}``) on one. Raises :class:`UsageError` if a
-    move's tables do not fit the PEs' memory above the plan's words."""
+    (``{(x, y): ranges}``) on one. A move's staging and tables go above the plan's words, unchecked here:
+    :func:`.gpt_memory.count_moves` counts them into the plan, whose one check covers them."""
     config, memory = schedule.config, schedule.memory
 
     def tiling_of(phase) -> HeadTiling:
@@ -300,7 +305,7 @@ def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str
             src, dst = words
             free = max(memory.words, int(max(src[:, 2].max(), dst[:, 2].max())) + 1)
             name = f"move-{side} {phase.name}"
-            plan = plan_relayout(config, src, dst, free, f"the GPT's {name}")
+            plan = plan_relayout(config, src, dst, free, f"the GPT's {name}", check=False)
             moves[name] = Move(plan, i, side)
             spans = [(min(lo for lo, _ in plan.spans.values()), max(hi for _, hi in plan.spans.values()))]
             ranges[name] = (live + region + spans, spans, {})
@@ -311,3 +316,14 @@ def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str
                                              footprint=relayout_footprint(plan))
         out += [p for p in (made.get("in"), phase, made.get("out")) if p is not None]
     return out, moves, ranges
+
+
+def make_resident(schedule, linear_executable, kernel_plan, check) -> None:
+    """Make ``schedule`` resident: its phases with the moves (:func:`with_moves`), the moves' programs and
+    ranges, and its memory plan with the moves' staging and tables counted (:func:`.gpt_memory.count_moves`);
+    then ``check(plan, phases)`` (the plan and the phases before the moves) refuses a step that does not fit."""
+    phases = schedule.phases
+    schedule.phases, schedule.moves, schedule.ranges = with_moves(schedule, linear_executable, kernel_plan)
+    schedule.memory = count_moves(schedule.memory, [(p.name, p.arg("at"), p.footprint) for p in schedule.phases
+                                                    if p.kind == "move"])
+    check(schedule.memory, phases)

@@ -64,8 +64,8 @@ from wse.firmware.training import records as records_format
 from . import codegen
 from . import weight_streaming as ws
 from .ir import Graph, Input, Linear, SoftmaxCrossEntropy
-from .gpt_memory import MemoryPlan, gemm_footprint, least_memory, relayout_footprint, step_memory
-from .gpt_moves import with_moves
+from .gpt_memory import MemoryPlan, check_step, gemm_footprint, least_memory, relayout_footprint, step_memory
+from .gpt_moves import make_resident
 from .gpt_tiles import (HeadTiling, head_tiling, relayout_cycles, relayout_in, relayout_out, round_cycles,
                         token_major)
 from .replay import Network, replay
@@ -172,7 +172,7 @@ class GptSchedule:
         The ``move`` phases' programs by phase name (:class:`~.gpt_moves.Move`; none when not resident).
     ranges:
         Per device phase of a resident step, the ``(keep, resident)`` word ranges of its load
-        (:func:`~.gpt_moves.with_moves`).
+        (:func:`~.gpt_moves.with_moves`, by :func:`~.gpt_moves.make_resident`).
     """
     graph: TransformerGraph
     config: FabricConfig
@@ -595,5 +595,5 @@ def compile_gpt(graph: TransformerGraph, config: FabricConfig, sequences: int, *
     schedule = GptSchedule(graph, config, int(sequences), builder.T, blocks, builder.phases, builder.groups,
                            step_memory(builder, blocks))
     if resident:
-        schedule.phases, schedule.moves, schedule.ranges = with_moves(schedule, linear_executable, kernel_plan)
+        make_resident(schedule, linear_executable, kernel_plan, lambda plan, phases: check_step(builder, plan, phases))
     return schedule

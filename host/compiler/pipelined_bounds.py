@@ -31,6 +31,8 @@ later layer its weight and input gradients (``2 * tile``).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from wse.config import FabricConfig, UsageError
 
 __all__ = ["COSTS", "region_bounds"]
@@ -68,27 +70,31 @@ def region_bounds(shapes: list[tuple[int, int]], config: FabricConfig, costs: st
     ``both`` (the best minimum), the ``forward`` and ``backward`` figures of that
     partition, and its ``regions``: per layer ``(PEs, output lines, input lines)``.
     Exact: the feasible utilizations are searched by bisection over every value
-    a grid can give, each tested by taking every layer's fewest PEs that meet it.
+    a grid can give (as fractions: no rounding decides a comparison), each tested
+    by taking every layer's fewest PEs that meet it.
     """
     if costs not in COSTS:
         raise UsageError(f"costs must be one of {', '.join(COSTS)}, not {costs!r}")
+    if not shapes:
+        raise UsageError("shapes must list at least one Linear layer's (in, out), not []")
     pes = config.width * config.height
     fwd_macs = sum(k * o for k, o in shapes)
     bwd_macs = 2 * fwd_macs - shapes[0][0] * shapes[0][1]
     options = [_options(layer, k, o, pes, costs) for layer, (k, o) in enumerate(shapes)]
 
-    def fewest(u: float):
+    def fewest(u: Fraction):
         """Per layer the grid with the fewest PEs whose passes both reach ``u``, or None."""
         chosen = []
+        num, den = u.numerator * pes, u.denominator
         for grids in options:
-            fit = [g for g in grids if fwd_macs >= u * pes * g[1] and bwd_macs >= u * pes * g[2]]
+            fit = [g for g in grids if fwd_macs * den >= num * g[1] and bwd_macs * den >= num * g[2]]
             if not fit:
                 return None
             chosen.append(min(fit))
         return chosen if sum(g[0] for g in chosen) <= pes else None
 
-    values = sorted({fwd_macs / (pes * g[1]) for grids in options for g in grids}
-                    | {bwd_macs / (pes * g[2]) for grids in options for g in grids})
+    values = sorted({Fraction(fwd_macs, pes * g[1]) for grids in options for g in grids}
+                    | {Fraction(bwd_macs, pes * g[2]) for grids in options for g in grids})
     lo, hi = 0, len(values) - 1
     if fewest(values[0]) is None:
         return {"both": 0.0, "forward": 0.0, "backward": 0.0, "regions": None}

@@ -147,7 +147,8 @@ class GptFabric:
         From :func:`~wse.host.compiler.gpt_phases.compile_gpt`.
     device:
         A device name of :mod:`wse.sim.devices` (``golden``, ``vector``, ``verilator``,
-        ``icarus``) or a factory ``config -> device``; every phase run gets a fresh one.
+        ``icarus``) or a factory ``config -> device``: a resident schedule (the default) makes
+        one device for the whole step; without moves every phase run gets a fresh one.
     """
 
     def __init__(self, schedule: GptSchedule, device: str | Callable = "golden"):
@@ -188,8 +189,8 @@ class GptFabric:
         self.shared = ResidentDevice(self.make(self.config)) if s.moves else None
         self.factory = (lambda config: self.shared) if s.moves else self.make
         for phase in s.phases:
-            if self.shared is not None and phase.name in s.ranges:
-                self.shared.set_ranges(*s.ranges[phase.name])
+            if self.shared is not None:         # a host phase (the loss) keeps nothing: no stale ranges
+                self.shared.set_ranges(*s.ranges.get(phase.name, ([], [], {})))
             runs = cycles[phase.name] = self._run(phase)
             if phase.cycles and runs != [phase.cycles] * phase.runs:
                 raise RuntimeError(f"phase {phase.name!r} took {runs} device cycles but the static cycle model "

@@ -102,7 +102,8 @@ class Fabric(HostArgs):
 
     def load(self, program, rect: Rect | None = None, keep=()) -> None:
         """Load a program image (``wse.firmware.image.Program``) into every PE of ``rect``; the data words
-        of the ``keep`` ranges ``(lo, hi)`` stay as they are."""
+        of the ``keep`` ranges ``(lo, hi)`` stay as they are, stored bits and check bits: a kept word with an
+        injected flip is not decoded by the load, it is corrected (or refused) when a program reads it."""
         cfg = self.config
         program.check_fits(cfg)
         ranges = keep_ranges(keep, program, cfg.sram_words)
@@ -112,10 +113,17 @@ class Fabric(HostArgs):
             cached = (program, compile_program(program.code, cfg.sram_words))
             self._compiled_cache[key] = cached
         for pe in self._pes_in(rect):
-            saved = [pe.mem[lo:hi].copy() for lo, hi in ranges]
+            raw = pe.mem.view(np.ndarray)
+            saved = [raw[lo:hi].copy() for lo, hi in ranges]
+            checks = {a: c for a, c in pe.ecc_check.items() if any(lo <= a < hi for lo, hi in ranges)}
             pe.load(program, cached[1])
+            raw = pe.mem.view(np.ndarray)
             for (lo, hi), words in zip(ranges, saved):
-                pe.mem[lo:hi] = words
+                raw[lo:hi] = words
+            if checks:                           # the kept suspect words stay suspect, still undecoded
+                pe.ecc_check.update(checks)
+                pe.mem = raw.view(ecc.EccMemory)
+                pe.mem.pe = pe
 
     def memcpy_h2d(self, addr: int, array, rect: Rect | None = None) -> None:
         """Write ``array`` (shape ``[h, w, n]`` for ``rect``, float32 or uint32;
