@@ -29,7 +29,9 @@ function of the state and the input stream. So if at a cycle ``T``
 3. from ``T`` on, column ``a + P - 1`` sends east at every cycle ``t`` what
    column ``a - 1`` sent at ``t - Delta``, no FIFO fed from the west in
    columns ``a .. K - 1`` is full at the start of a cycle, and no grant
-   depends on the rotation (all checked on the reduced replay),
+   depends on the rotation (all checked on the reduced replay, the first to
+   the end: the delay line must be empty when it finishes, every send of
+   column ``a - 1`` echoed),
 
 then by induction over ``t`` (all columns at once) the reduced replay of
 columns ``0 .. K - 1`` from the full replay's state at ``T``, column
@@ -39,8 +41,10 @@ cycles earlier, never full, as an edge is never full), and every column
 ``j >= a + P`` is column ``j - P`` ``Delta`` cycles later: its inputs are
 column ``j - 1``'s sends, equal to column ``j - 1 - P``'s ``Delta`` earlier by
 the same induction, down to column ``a + P``, whose input is the checked
-stream. So column ``c + mP`` ends ``m * Delta`` cycles after column ``c``, and
-a PE not done at ``T`` there ends ``Delta`` after the PE ``P`` columns west.
+stream. So column ``c + mP``'s last grant is column ``c``'s (at or after ``T``,
+checked) plus ``m * Delta``, and a PE not done at ``T`` there ends ``Delta``
+after the PE ``P`` columns west; a PE done before ``T`` keeps its own last
+cycle, and the count is the largest of all these.
 
 **Checks at every cycle, across skips.** The reduced replay runs the
 reference engine with a :class:`~.replay_state.ColumnProbe`: a delay line of
@@ -382,19 +386,22 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
 
     result = run_with_periods(small_routes, ports, ops, queues, cores, events, limit, watch,
                               int(small_ends[watch]), checked, scalars, _Extra(probe))
-    if result < 0 or scalars[_CONFLICTS] != 0:
+    # Condition 3 holds to the end only if every send of column a-1 still in the delay line when the reduced
+    # replay finishes has had its echo: a send left in the line was never compared.
+    if result < 0 or scalars[_CONFLICTS] != 0 or probe.line.any():
         return _go_on(full, ops, ends, limit, run)
     exits = np.full((H, W), -1, dtype=np.int64)
     exits[:, :K] = (cores.free_at - 1).reshape(H, K)
-    ends_at = exits[:, K - P:K].max(axis=0)
-    last = np.maximum(probe.col_last[K - P:], ends_at)
+    # A copy column's last grant is its model's shifted only if that grant is at or after T; a PE that finished
+    # before T keeps its own exit (taken per PE below), so exits of done PEs do not enter the shifted count.
+    last = probe.col_last[K - P:]
     if (last < T).any():
         return _go_on(full, ops, ends, limit, run)
     info["path"] = "reduced"
-    copies = (W - 1 - np.arange(K - P, K)) // P
-    count = max(int(full[5][_LAST]), int(scalars[_LAST]), int((last + copies * delta).max())) + 1
     done_at_T = full[3].done.reshape(H, W)
     exit_at_T = (full[3].free_at - 1).reshape(H, W)
     for j in range(K, W):
         exits[:, j] = np.where(done_at_T[:, j], exit_at_T[:, j], exits[:, j - P] + delta)
+    copies = (W - 1 - np.arange(K - P, K)) // P
+    count = max(int(full[5][_LAST]), int(scalars[_LAST]), int((last + copies * delta).max()), int(exits.max())) + 1
     return count, exits.reshape(-1)
