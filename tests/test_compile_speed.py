@@ -152,6 +152,22 @@ def test_wavelets_that_can_never_enter_the_fabric_are_a_hang(periods):
     assert time.perf_counter() - began < 5
 
 
+@pytest.mark.parametrize("engine", ["reference", "events", "adaptive"])
+@pytest.mark.parametrize("periods", [True, False])
+def test_wavelets_held_for_good_in_the_fabric_are_a_hang_at_once(engine, periods):
+    """Wavelets delivered to a PE that never takes them back up into the router's FIFO
+    and the edge port: nothing can move again (the golden model hangs). The replay reports
+    the hang at once with its default limit (it used to step to ``limit``, 2**40 cycles)."""
+    config = FabricConfig(width=2, height=1, colors=4, rx_depth=1, router_depth=1)
+    routes = [(0, 0, 1, Port.W, (Port.RAMP,))]
+    _golden_hangs(config, routes, "W", 0, 1, 6)
+    ops, starts, ends = _idle_ops(config)
+    began = time.perf_counter()
+    with pytest.raises(RuntimeError, match="hung"):
+        replay(Network(config, routes), ops, starts, ends, {("W", 0): {1: 6}}, periods=periods, engine=engine)
+    assert time.perf_counter() - began < 30        # numba compiles included
+
+
 def test_wavelets_left_in_an_input_queue_are_a_hang():
     """Wavelets delivered to a PE that never takes them: the golden model hangs, so does the replay."""
     config = FabricConfig(width=2, height=1, colors=4, rx_depth=4)
@@ -445,3 +461,22 @@ def test_distinct_replays_start_longest_first_with_the_same_counts(monkeypatch):
     monkeypatch.setattr(cycles, "MEMO", cycles.ReplayMemo())
     assert one == cycles.phase_cycles(exe_plan, progress=False, workers=2) == \
         cycles.phase_cycles(exe_plan, periods=False, reuse=False, progress=False, engine="reference")
+
+
+@pytest.mark.parametrize("mesh,sizes,batch", [((10, 1), (6, 20, 16, 3), 30), ((1, 12), (4, 24, 24, 3), 5),
+                                              ((12, 3), (8, 48, 36, 3), 24), ((20, 2), (5, 48, 40, 3), 43),
+                                              ((4, 4), (40, 64, 64, 10), 16)])
+def test_op_lists_built_from_one_round_equal_every_round_built(mesh, sizes, batch, monkeypatch):
+    """``timing._repeat`` builds a streamed GEMM's round once and repeats its rows: every PE's op
+    list of every phase equals the one built round by round (one-row and one-column meshes, uneven
+    token blocks)."""
+    from wse.firmware.training import timing
+    torch.manual_seed(0)
+    cfg = FabricConfig(width=mesh[0], height=mesh[1])
+    the_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])), cfg, batch)
+    built = {}
+    for flag in (True, False):
+        monkeypatch.setattr(timing, "REPEAT_ROUNDS", flag)
+        built[flag] = {name: phase_ops(the_plan, phase) for name, phase in the_plan.phases.items()}
+    for name, arrays in built[True].items():
+        assert all(np.array_equal(a, b) for a, b in zip(arrays, built[False][name])), name

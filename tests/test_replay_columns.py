@@ -213,3 +213,25 @@ def test_no_shift_at_any_start_goes_on_with_the_full_replay(paths, monkeypatch):
     network, phases = _phases((12, 2), (6, 48, 40, 3), 24)
     _assert_same(network, phases["bwd-weight 2"], "bwd-weight 2")
     assert paths[-1]["path"] == "no shift"
+
+
+def test_two_hidden_layers_on_one_row_end_with_golden_cycles():
+    """A plan once reported to hang (10x1, 6-20-16-3, batch 30: uneven token blocks of 3 on
+    one row, two hidden layers): every phase ends, the default replay's count and last cycles
+    equal the full reference replay's, and the compiled cycles equal the golden model's."""
+    batch, sizes = 30, (6, 20, 16, 3)
+    network, phases = _phases((10, 1), sizes, batch)
+    for name, inputs in phases.items():
+        _assert_same(network, inputs, name)
+    torch.manual_seed(0)
+    exe = compile_model(mlp(*sizes), torch.randn(batch, sizes[0]), batch=batch,
+                        config=FabricConfig(width=10, height=1))
+    backend = GoldenBackend(exe)
+    backend.load()
+    runtime = Runtime(exe, "functional")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    backend._copy_in(runtime._host(x, rng.integers(0, sizes[-1], batch)))
+    weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in exe.parameters().items()}
+    for name in exe.sequences["train"]:
+        assert backend.run_phase(name, weights, {}) == exe.phases[name].cycles, name

@@ -46,6 +46,42 @@ def _fmacw_n(ld: int, la: int) -> int:
     return max(ld, la) if min(ld, la) else 0
 
 
+#: Whether :func:`_repeat` builds a loop's round once and repeats its rows (``False``: every
+#: round built; the same rows, ``tests/test_compile_speed.py`` compares both on whole plans).
+REPEAT_ROUNDS = True
+
+
+def _repeat(ops: OpRows, rounds: int, body) -> None:
+    """``body(ops)`` ``rounds`` times. A round's rows depend on nothing that changes from round to
+    round (``body`` takes no round index), so one round is built and its rows repeated: the private
+    cycles it begins and ends with merge across the rounds' boundaries as :meth:`OpRows.busy`
+    merges them (round after round: its leading ones with the cycles before, its trailing ones
+    with the next round's leading ones, the last round's with what follows)."""
+    if rounds <= 1 or not REPEAT_ROUNDS:
+        for _ in range(rounds):
+            body(ops)
+        return
+    one = OpRows()
+    body(one)
+    tail, one.pending = one.pending, 0
+    rows = one.array()
+    head = 0
+    if rows.shape[0] and rows[0, 0] == BUSY:
+        head, rows = int(rows[0, 1]), rows[1:]
+    if rows.shape[0] == 0:
+        ops.busy(rounds * (head + tail))
+        return
+    if head + tail:
+        gap = np.zeros((1, rows.shape[1]), dtype=rows.dtype)
+        gap[0, 0], gap[0, 1] = BUSY, head + tail
+        rows = np.concatenate([np.tile(np.concatenate([rows, gap]), (rounds - 1, 1)), rows])
+    else:
+        rows = np.tile(rows, (rounds, 1))
+    ops.busy(head)
+    ops.block(rows)
+    ops.busy(tail)
+
+
 def _sgemm(ops: OpRows, f: dict) -> None:
     # T: the vectors' length (a token pass's tokens); the field t is only y's slot stride
     K, T, H, rounds, o_last, e = f["k"], f["y"][2], f["h"], f["rounds"], f["o_last"], f["e0"]
@@ -53,55 +89,59 @@ def _sgemm(ops: OpRows, f: dict) -> None:
     n_w = _fmacw_n(f["acc"][2], f["x1"][2])
     c_out, c_in = _color(f["out"]), _color(f["inp"])
 
-    def weights():
-        ops.recv(w)
-        ops.busy(T + 1)                                   # fmacs (memory)
-        ops.vec(n_w, w, period=f["acc"][2]) if n_w else ops.vec(0, w, period=1)
+    def weights(o):
+        o.recv(w)
+        o.busy(T + 1)                                     # fmacs (memory)
+        o.vec(n_w, w, period=f["acc"][2]) if n_w else o.vec(0, w, period=1)
 
-    def start():
-        ops.recv(w)
-        ops.vec(T, out=c_out)
+    def start(o):
+        o.recv(w)
+        o.vec(T, out=c_out)
 
-    def middle():
-        ops.vec(T, in1=c_in, out=c_out)
+    def middle(o):
+        o.vec(T, in1=c_in, out=c_out)
 
-    def end():
-        ops.vec(T, in1=c_in)
+    def end(o):
+        o.vec(T, in1=c_in)
 
     ops.busy(26)                                          # 3 ld, 2 addi, 8 ldsd, ld
     if H == 1:
         ops.busy(2)                                       # beq (taken), beq
-        for _ in range(rounds):
-            ops.busy(1)                                   # beq r4
+
+        def one_row_round(o):
+            o.busy(1)                                     # beq r4
             if K:
-                weights()
-            ops.recv(w)
-            ops.busy(T + 1 + 3)                           # fadds to memory, addb, addi, bne
+                weights(o)
+            o.recv(w)
+            o.busy(T + 1 + 3)                             # fadds to memory, addb, addi, bne
+        _repeat(ops, rounds, one_row_round)
         if rounds:
             ops.busy(1)                                   # jmp op_done
         return
     ops.busy(2 if rounds == 0 else 3)
     mids = H - 2
-    for _ in range(rounds):
+
+    def one_round(o):
         if K:
-            weights(); start()
-            ops.busy(2)                                   # andi, beq
+            weights(o); start(o)
+            o.busy(2)                                     # andi, beq
             if mids % 2:
-                weights(); middle()
-            ops.busy(2)                                   # shri, beq
+                weights(o); middle(o)
+            o.busy(2)                                     # shri, beq
             for _ in range(mids // 2):
-                weights(); middle(); weights(); middle()
-                ops.busy(2)                               # addi, bne
-            weights(); end()
-            ops.busy(3)                                   # addb, addi, bne
+                weights(o); middle(o); weights(o); middle(o)
+                o.busy(2)                                 # addi, bne
+            weights(o); end(o)
+            o.busy(3)                                     # addb, addi, bne
         else:
-            start()
-            ops.busy(2)                                   # add, beq
+            start(o)
+            o.busy(2)                                     # add, beq
             for _ in range(mids):
-                middle()
-                ops.busy(2)
-            end()
-            ops.busy(3)
+                middle(o)
+                o.busy(2)
+            end(o)
+            o.busy(3)
+    _repeat(ops, rounds, one_round)
     if rounds and K:
         ops.busy(1)                                       # jmp sg_partial
     ops.busy(3)                                           # ld r9, beq
@@ -113,17 +153,17 @@ def _sgemm(ops: OpRows, f: dict) -> None:
         if e < o_last:
             ops.busy(1)                                   # beq K
             if K:
-                weights()
+                weights(ops)
             ops.busy(1)                                   # beq p == 0
             if p == 0:
-                start()
+                start(ops)
                 ops.busy(1)                               # jmp
             else:
                 ops.busy(1)                               # beq p == H-1
                 if p == H - 1:
-                    end()
+                    end(ops)
                 else:
-                    middle()
+                    middle(ops)
                     ops.busy(1)                           # jmp
         ops.busy(2)                                       # addi, bge
         e -= 1

@@ -26,8 +26,9 @@ start and applied at its end, in this order:
    replay jumps to the next cycle at which a PE that was not waiting for the
    fabric goes on, or reports a hang if there is none (also when an edge
    port still holds wavelets, which then can never enter the fabric, when
-   wavelets are left in an input queue at the end, and after ``limit``
-   cycles).
+   wavelets are left in an input queue at the end, when nothing moved with
+   wavelets held in the fabric and no PE is in private cycles, and after
+   ``limit`` cycles).
 
 The replay is compiled (numba). This module's :func:`_run` is the reference
 engine, which visits every router and PE every cycle; :mod:`.replay_events`
@@ -437,6 +438,7 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
     t, running, nonempty_fifos = scalars[_T], scalars[_RUNNING], scalars[_FIFOS]
     tx_wavelets, to_inject, last = scalars[_TX], scalars[_TO_INJECT], scalars[_LAST]
     status = _FINISHED
+    frozen = False              # the last cycle moved nothing, with wavelets held (see below)
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
         if t >= limit:          # the counters are kept: a run may go on with a later limit
             status = _OUT_OF_TIME
@@ -481,6 +483,17 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
                 continue
             if running > 0 or to_inject > 0:
                 return _DEADLOCK
+        elif moves == 0 and issued == 0 and progressed == 0:
+            # Nothing moved, with wavelets held in FIFOs or output queues: no color could go
+            # in this cycle's rotation, so none can in any (the rotation only orders colors
+            # that can go), and the state stays as it is until a PE in private cycles goes
+            # on. With none, it stays so for good: the fabric is deadlocked (checked once a
+            # stretch of such cycles, as the wake found then is still due).
+            if not frozen and _next_wake(cores, t, _NO_WAKE) == _NO_WAKE:
+                return _DEADLOCK
+            frozen = True
+        else:
+            frozen = False
         t += 1
     scalars[_T], scalars[_RUNNING], scalars[_FIFOS] = t, running, nonempty_fifos
     scalars[_TX], scalars[_TO_INJECT], scalars[_LAST] = tx_wavelets, to_inject, last
@@ -519,7 +532,8 @@ def replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.ndarr
     RuntimeError
         If the replay hangs (a schedule the golden model would report as a
         hang: a wait that never ends, wavelets that can never enter the fabric
-        or that stay in an input queue, or more than ``limit`` cycles).
+        or that stay in an input queue, wavelets held in the fabric that can
+        never move again, or more than ``limit`` cycles).
     """
     return run_replay(network, ops, starts, ends, inject, limit, periods, engine)[0]
 

@@ -44,7 +44,7 @@ from wse.firmware.timing_ops import BUSY, END, RECV
 
 from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _DEADLOCK, _FIFOS, _FINISHED, _GRANT, _INJECT, _ISSUE, _LAST, _OUT_OF_TIME, _POP,
-                     _MASK, _N, _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP,
+                     _MASK, _N, _NO_WAKE, _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP,
                      _WRITE, _grant_injections, _low_color, _ready, _rotated_colors, pack_routes)
 
 __all__ = ["run_events"]
@@ -414,6 +414,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
     wakes = _new_wakes(queues, cores, t)
     ran = -1
     status = _FINISHED
+    frozen = False              # as in replay._run: the last cycle moved nothing, with wavelets held
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
         if t >= limit:
             _settle(cores, wakes, ran)
@@ -448,6 +449,15 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
             if running > 0 or to_inject > 0:
                 _settle(cores, wakes, ran)
                 return _DEADLOCK
+        elif moves == 0 and issued == 0 and progressed == 0:
+            # Wavelets held and nothing moved: deadlocked unless a PE in private cycles goes on
+            # (replay._run's rule).
+            if not frozen and _next_due(cores, wakes, _NO_WAKE) == _NO_WAKE:
+                _settle(cores, wakes, ran)
+                return _DEADLOCK
+            frozen = True
+        else:
+            frozen = False
         t += 1
     _settle(cores, wakes, ran)
     scalars[_T], scalars[_RUNNING], scalars[_FIFOS] = t, running, nonempty_fifos
