@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wse.config import FabricConfig, UsageError
+from wse.config import FabricConfig, MemoryNeedError, UsageError
 from wse.firmware.kernels.embedding_rows import plan_rows
 from wse.host.compiler import weight_streaming as ws
 from wse.host.compiler.gpt_memory import OFF_WAFER, ROUND_VALUES
@@ -73,17 +73,20 @@ def test_footprints_are_the_least_memory_each_program_accepts(schedule):
                 sizes["variant"] = p.arg("variant")
             assert kernel_footprint(config, p.op, sizes, p.arg("eps")) == p.footprint
             kernel_plan(config.replace(sram_words=p.footprint), p.op, sizes, p.arg("eps"))
-            with pytest.raises(UsageError, match="words per PE"):
+            with pytest.raises(MemoryNeedError, match="words per PE") as refused:
                 kernel_plan(config.replace(sram_words=p.footprint - 1), p.op, sizes, p.arg("eps"))
+            assert refused.value.need == p.footprint
         elif p.kind == "gemm":                            # linear, linear-data, linear-weight: one executable
             k, o, bias = p.arg("k"), p.arg("o"), p.arg("bias") is not None
             linear_executable(config.replace(sram_words=p.footprint), schedule.tokens, k, o, bias, False)
-            with pytest.raises(ws.FitError):
+            with pytest.raises(ws.MemoryFitError) as refused:
                 linear_executable(config.replace(sram_words=p.footprint - 1), schedule.tokens, k, o, bias, False)
+            assert refused.value.need == p.footprint
         elif p.kind == "rows":
             plan_rows(config.replace(sram_words=p.footprint), schedule.tokens, p.arg("features"), p.op[5:])
-            with pytest.raises(UsageError, match="words per PE"):
+            with pytest.raises(MemoryNeedError, match="words per PE") as refused:
                 plan_rows(config.replace(sram_words=p.footprint - 1), schedule.tokens, p.arg("features"), p.op[5:])
+            assert refused.value.need == p.footprint
     assert {op for op, _ in seen} >= {"residual", "layernorm", "layernorm-bwd", "gelu", "gelu-bwd"}
 
 
@@ -147,6 +150,7 @@ def test_a_gpt_that_does_not_fit_is_refused_in_one_line(schedule, resident):
     with pytest.raises(UsageError) as error:
         compile_gpt(graph, FabricConfig(width=4, height=4, sram_words=need - 1), 2, cycles=False)
     message = str(error.value)
+    assert isinstance(error.value, MemoryNeedError) and error.value.need == need
     assert "\n" not in message
     assert message.startswith("the GPT CharGPT (1 attention layer(s), d_model 16, 2 heads, context 8, "
                               "vocabulary 16) with 2 sequences does not fit a 4x4 mesh: at phase '")

@@ -13,7 +13,7 @@ import enum
 import re
 
 __all__ = [
-    "FabricConfig", "Port", "UsageError",
+    "FabricConfig", "Port", "UsageError", "MemoryNeedError",
     "WAVELET_BITS", "DATA_BITS", "COLOR_BITS", "CTRL_BITS",
     "pack_wavelet", "unpack_wavelet", "parse_mesh", "route_outputs",
 ]
@@ -21,6 +21,15 @@ __all__ = [
 
 class UsageError(ValueError):
     """A mistake in what a user asked for: reported as one sentence, exit code 2."""
+
+
+class MemoryNeedError(UsageError):
+    """A refusal because a PE's data memory is too small: ``need`` is the words per PE that were asked
+    for (the message says it too; callers that search for the least memory read ``need``, not the text)."""
+
+    def __init__(self, message: str, need: int | None = None):
+        super().__init__(message)
+        self.need = need
 
 
 # Wavelet: 38 bits = data[31:0] | color[36:32] | ctrl[37].

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, UsageError
+from wse.config import FabricConfig, MemoryNeedError, Port, UsageError
 from wse.firmware.asm import assemble_file
 from wse.firmware.image import Program
 
@@ -249,8 +249,8 @@ class Kernel(abc.ABC):
         PE after the program's data; returns the first free address."""
         need = program.data_end + buffer_words
         if need > config.sram_words:
-            raise UsageError(f"{what} on a {config.mesh} mesh needs {need} words per PE ({buffer_words} of "
-                             f"data + {program.data_end} of program) but sram_words is {config.sram_words}")
+            raise MemoryNeedError(f"{what} on a {config.mesh} mesh needs {need} words per PE ({buffer_words} of "
+                                  f"data + {program.data_end} of program) but sram_words is {config.sram_words}", need)
         return program.data_end
 
     def describe(self, sizes: dict) -> str:

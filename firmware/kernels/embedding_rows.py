@@ -36,7 +36,7 @@ import functools
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, UsageError
+from wse.config import FabricConfig, MemoryNeedError, Port, UsageError
 from wse.firmware.deadlock import load_checked
 from wse.firmware.image import Program
 from wse.firmware.isa import DsdKind
@@ -257,6 +257,7 @@ def plan_rows(config: FabricConfig, tokens: int, features: int, direction: str) 
     _tables(plan)
     longest = max((len(e) for e in plan.tables.values()), default=0)
     if table + 4 * longest > config.sram_words:
-        raise UsageError(f"embedding rows of {tokens} tokens x {features} features on a {config.mesh} mesh need "
-                         f"{table + 4 * longest} words per PE but sram_words is {config.sram_words}")
+        raise MemoryNeedError(f"embedding rows of {tokens} tokens x {features} features on a {config.mesh} mesh "
+                              f"need {table + 4 * longest} words per PE but sram_words is {config.sram_words}",
+                              table + 4 * longest)
     return plan

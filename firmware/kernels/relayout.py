@@ -38,7 +38,7 @@ import dataclasses
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, UsageError
+from wse.config import FabricConfig, MemoryNeedError, Port, UsageError
 from wse.firmware.deadlock import Ring, load_checked
 from wse.firmware.image import Program
 from wse.firmware.isa import DsdKind
@@ -362,8 +362,8 @@ def plan_relayout(config: FabricConfig, src: np.ndarray, dst: np.ndarray, free: 
     table = max(stage_top.values(), default=free)
     longest = max((len(e) for s in stages for e in s.tables.values()), default=0)
     if check and table + 4 * longest > config.sram_words:
-        raise UsageError(f"{what} on a {config.mesh} mesh needs {table + 4 * longest} words per PE but "
-                         f"sram_words is {config.sram_words}")
+        raise MemoryNeedError(f"{what} on a {config.mesh} mesh needs {table + 4 * longest} words per PE but "
+                              f"sram_words is {config.sram_words}", table + 4 * longest)
     lo = np.full((config.height, config.width), np.iinfo(np.int64).max)
     hi = np.full((config.height, config.width), -1)
     for a in (src, dst):

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Sequence
 
-from wse.config import FabricConfig, UsageError
+from wse.config import FabricConfig, MemoryNeedError
 
-from .weight_streaming import FitError
+from .weight_streaming import MemoryFitError
 
 __all__ = ["Slot", "MemoryPlan", "plan_memory", "step_memory", "count_moves", "check_fits", "check_step",
            "least_memory", "gemm_footprint", "relayout_footprint", "ROUND_VALUES", "OFF_WAFER"]
@@ -230,35 +229,34 @@ def count_moves(plan: MemoryPlan, moves: Sequence[tuple[str, int, int]]) -> Memo
 
 
 def check_fits(plan: MemoryPlan, phases: Sequence, what: str, config: FabricConfig) -> None:
-    """Raise :class:`~.weight_streaming.FitError` (a :class:`UsageError`), one line naming ``what`` (the
+    """Raise :class:`~.weight_streaming.MemoryFitError` (a :class:`UsageError`), one line naming ``what`` (the
     model and its batch), the phase at the peak and the words, if ``plan`` needs more than ``sram_words``
     (``phases``: those the plan was made of, before any move)."""
     if plan.fits:
         return
     peak = plan.high.index(plan.words)
     own = max([phases[peak].footprint] + [f for _, at, f in plan.moves if at == peak])
-    raise FitError(f"{what} does not fit a {config.mesh} mesh: at phase '{plan.peak_phase}' (its own buffers "
+    raise MemoryFitError(f"{what} does not fit a {config.mesh} mesh: at phase '{plan.peak_phase}' (its own buffers "
                    f"{own} words, {plan.live[peak]} words of values kept between phases live, "
                    f"each above the buffers of every phase of its life) the step needs {plan.words} words per PE, "
                    f"sram_words is {config.sram_words}; use a smaller batch or a mesh with more rows (each PE "
-                   f"holds fewer features) or columns (fewer tokens)")
+                   f"holds fewer features) or columns (fewer tokens)", plan.words)
 
 
 # Footprints: the first word above every buffer of a phase's program -------------------------------
 
 def least_memory(config: FabricConfig, build) -> int:
     """The least ``sram_words`` for which ``build(config)`` (a kernel's plan, with the program's own memory
-    checks, whose refusals say "needs N words per PE") succeeds."""
+    checks, whose refusals are :class:`~wse.config.MemoryNeedError` with the words they need) succeeds."""
     need = max(16, build(config).program.data_end)     # 16: the configuration's least memory
     while True:
         try:
             build(config.replace(sram_words=need))
             return need
-        except UsageError as error:
-            found = re.search(r"needs? (\d+) words per PE", str(error))
-            if found is None or int(found.group(1)) <= need:
+        except MemoryNeedError as error:
+            if error.need is None or error.need <= need:
                 raise
-            need = int(found.group(1))
+            need = error.need
 
 
 def gemm_footprint(exe) -> int:

@@ -42,12 +42,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any
 
 import numpy as np
 
-from wse.config import FabricConfig, UsageError
+from wse.config import FabricConfig, MemoryNeedError, UsageError
 from wse.firmware.kernels import attention_timing, embedding_rows_timing, gelu_timing, layernorm_bwd_timing
 from wse.firmware.kernels import layernorm_timing
 from wse.firmware.kernels import residual as residual_kernel
@@ -369,9 +368,9 @@ class _Builder:
             exe = linear_executable(self.config, self.N, node.in_features, node.out_features, node.bias,
                                     self.with_cycles)
         except ws.FitError as error:       # name the GPT's layer, not the helper executable
-            need = re.search(r"needs (\d+) words per PE", str(error))
-            detail = (f"its streamed GEMM needs {need.group(1)} words per PE, sram_words is "
-                      f"{self.config.sram_words}" if need else str(error))
+            need = error.need if isinstance(error, MemoryNeedError) else None
+            detail = (f"its streamed GEMM needs {need} words per PE, sram_words is "
+                      f"{self.config.sram_words}" if need is not None else str(error))
             raise ws.FitError(f"the GPT's linear layer {node.name} ({node.in_features} -> {node.out_features}) "
                               f"over {self.N} tokens ({self.B} sequences of {self.T}) does not fit a "
                               f"{self.config.mesh} mesh: {detail}; use a smaller batch or a wider mesh") from None
@@ -379,17 +378,17 @@ class _Builder:
         return p.cycles, p.fmacs, gemm_footprint(exe)
 
     def fits(self, what: str, build):
-        """``build()``; a memory refusal of it (a kernel's "needs N words per PE") names the GPT's
-        ``what``, the batch and the mesh, as :meth:`gemm` does."""
+        """``build()``; a memory refusal of it (a kernel's :class:`~wse.config.MemoryNeedError`) names the
+        GPT's ``what``, the batch and the mesh, as :meth:`gemm` does."""
         try:
             return build()
-        except UsageError as error:
-            need = re.search(r"needs? (\d+) words per PE", str(error))
-            if need is None:
+        except MemoryNeedError as error:
+            if error.need is None:
                 raise
-            raise ws.FitError(f"the GPT's {what} over {self.N} tokens ({self.B} sequences of {self.T}) does not fit "
-                              f"a {self.config.mesh} mesh: it needs {need.group(1)} words per PE, sram_words is "
-                              f"{self.config.sram_words}; use a smaller batch or a wider mesh") from None
+            raise ws.MemoryFitError(f"the GPT's {what} over {self.N} tokens ({self.B} sequences of {self.T}) does "
+                                    f"not fit a {self.config.mesh} mesh: it needs {error.need} words per PE, "
+                                    f"sram_words is {self.config.sram_words}; use a smaller batch or a wider mesh",
+                                    error.need) from None
 
     def rows(self, name: str, node: str, features: int, direction: str, inputs, outputs) -> None:
         """MemoryX's rows into the tokens' PEs, or the tokens' row gradients out (a program)."""

@@ -27,7 +27,7 @@ from .pipelined_place import Region, place_replicas
 from .pipelined_reduce import REDUCE_COLORS_USED, reduce_records, reduce_routes
 from .pipelined_train import (TRAIN_COLORS_USED, backward_records, backward_routes, check_optimizer,
                               train_memory, update_records)
-from .weight_streaming import FitError, WSLayer, _lower, _Memory
+from .weight_streaming import FitError, MemoryFitError, WSLayer, _lower, _Memory
 
 __all__ = ["INPUT_COLORS", "CHAIN_COLORS", "COLORS_USED", "PipelinedPlan", "plan"]
 
@@ -272,9 +272,9 @@ def plan(graph: Graph, config: FabricConfig, batch: int, optimizer=None, sparse:
             ops["reduce"] = mem.take("ops:reduce", longest + 2, "op lists")
     if mem.next > config.sram_words:
         detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
-        raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE in the "
-                       f"layer-pipelined mode on a {config.mesh} mesh ({detail}, program data "
-                       f"{program.data_end}) but sram_words is {config.sram_words}")
+        raise MemoryFitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE in the "
+                             f"layer-pipelined mode on a {config.mesh} mesh ({detail}, program data "
+                             f"{program.data_end}) but sram_words is {config.sram_words}", mem.next)
     zero = program.symbol("f_zero")
     forward = [[[] for _ in range(config.width)] for _ in range(config.height)]
     routes = []

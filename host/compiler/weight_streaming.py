@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from wse.config import FabricConfig, Port, UsageError
+from wse.config import FabricConfig, MemoryNeedError, Port, UsageError
 from wse.firmware.kernels.common import block_partition, chain_routes, multicast_routes, row_cells
 from wse.firmware.training import C_W, training_program
 
@@ -31,7 +31,7 @@ from .ir import Graph, Linear, ReLU, SoftmaxCrossEntropy
 from .layouts import WeightStreamingLayout, WSLayer
 from .schedule import MathOp, Phase, StreamIn, StreamOut
 
-__all__ = ["FitError", "WSLayer", "PlannedPhase", "Plan", "plan", "RING", "WRAP", "EAST", "COLORS_USED",
+__all__ = ["FitError", "MemoryFitError", "WSLayer", "PlannedPhase", "Plan", "plan", "RING", "WRAP", "EAST", "COLORS_USED",
            "ring_colors", "ring_capacity", "pass_limit", "token_passes"]
 
 #: Colors of the column ring: the chain south (alternating by row) and the wrap north.
@@ -46,6 +46,10 @@ COLORS_USED = 6
 class FitError(UsageError):
     """A model or batch does not fit the fabric; the message states what is
     needed and what is available."""
+
+
+class MemoryFitError(FitError, MemoryNeedError):
+    """A model or batch does not fit a PE's data memory: ``need`` words per PE."""
 
 
 @dataclasses.dataclass
@@ -343,10 +347,10 @@ def _check_masks(masks, layers: list, tokens: list, batch: int, config: FabricCo
 def _check_memory(mem: _Memory, config: FabricConfig, graph: Graph, batch: int, program) -> None:
     if mem.next > config.sram_words:
         detail = ", ".join(f"{owner} {words}" for owner, words in mem.owners.items())
-        raise FitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE on a {config.mesh} "
-                       f"mesh ({detail}, program data {program.data_end}) but sram_words is "
-                       f"{config.sram_words} (token passes bound the ring, not memory: every token's "
-                       f"activations stay on its PE); use a smaller batch or a wider mesh")
+        raise MemoryFitError(f"model {graph.name} with batch {batch} needs {mem.next} words per PE on a "
+                             f"{config.mesh} mesh ({detail}, program data {program.data_end}) but sram_words is "
+                             f"{config.sram_words} (token passes bound the ring, not memory: every token's "
+                             f"activations stay on its PE); use a smaller batch or a wider mesh", mem.next)
 
 
 def _routes(config: FabricConfig, columns: int) -> list:
