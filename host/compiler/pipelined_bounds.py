@@ -35,6 +35,8 @@ from fractions import Fraction
 
 from wse.config import FabricConfig, UsageError
 
+from .pipelined_place import pass_macs
+
 __all__ = ["COSTS", "region_bounds"]
 
 COSTS = ("none", "outputs", "intake")
@@ -78,8 +80,7 @@ def region_bounds(shapes: list[tuple[int, int]], config: FabricConfig, costs: st
     if not shapes:
         raise UsageError("shapes must list at least one Linear layer's (in, out), not []")
     pes = config.width * config.height
-    fwd_macs = sum(k * o for k, o in shapes)
-    bwd_macs = 2 * fwd_macs - shapes[0][0] * shapes[0][1]
+    fwd_macs, bwd_macs = pass_macs(shapes)
     options = [_options(layer, k, o, pes, costs) for layer, (k, o) in enumerate(shapes)]
 
     def fewest(u: Fraction):

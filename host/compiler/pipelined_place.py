@@ -28,7 +28,7 @@ from wse.firmware.kernels.common import block_partition
 
 from .weight_streaming import FitError
 
-__all__ = ["Region", "place", "place_replicas", "replica_width", "utilization_bounds"]
+__all__ = ["Region", "place", "place_replicas", "replica_width", "utilization_bounds", "pass_macs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +161,13 @@ def _staircases(shapes: list[tuple[int, int]], config: FabricConfig, keep=None):
     yield from walk(0, [], [], 0, 0, 0)
 
 
+def pass_macs(shapes: list[tuple[int, int]]) -> tuple[int, int]:
+    """Multiply-adds per sample of Linear layers ``shapes`` (``(in, out)`` each): forward ``sum(k * o)``;
+    backward twice that less the first layer's input gradient (which is not computed)."""
+    forward = sum(k * o for k, o in shapes)
+    return forward, 2 * forward - shapes[0][0] * shapes[0][1]
+
+
 def utilization_bounds(shapes: list[tuple[int, int]], config: FabricConfig) -> dict:
     """The FMAC utilization no staircase of ``shapes`` on ``config``'s mesh can exceed, even
     with no per-sample overhead at all (``docs/layer_pipelined.md`` section 6).
@@ -174,8 +181,7 @@ def utilization_bounds(shapes: list[tuple[int, int]], config: FabricConfig) -> d
     both passes' multiply-adds over the sum of their rates) bounds, and
     ``both``: the best of ``min(forward, backward)`` with its ``sizes``.
     """
-    fwd = sum(k * o for k, o in shapes)
-    bwd = 2 * fwd - shapes[0][0] * shapes[0][1]
+    fwd, bwd = pass_macs(shapes)
     pes = config.width * config.height
     out = {"forward": 0.0, "backward": 0.0, "training": 0.0, "both": 0.0, "sizes": None}
     for sizes, tiles, _ in _staircases(shapes, config):
