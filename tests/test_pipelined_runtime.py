@@ -83,6 +83,23 @@ def test_auto_mode_picks_pipelined_when_it_fits_and_says_why():
     assert mode == "weight_streaming" and "runs sgd" in why
 
 
+def test_auto_mode_keeps_why_it_fell_back_to_weight_streaming(tmp_path):
+    # the reason travels in the executable (and its file) into the plan a person reads
+    fc = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                       nn.Linear(256, 10))
+    opt = OptimizerConfig("sgd", lr=0.05, momentum=0.9)
+    config = FabricConfig(width=8, height=8)
+    _, why = choose_mode(trace(fc, torch.zeros(2, 784)), config, 64, opt)
+    exe = compile_model(fc, torch.zeros(2, 784), config=config, batch=64, mode="auto", optimizer=opt, cycles=False)
+    assert exe.mode == "weight_streaming" and exe.layout.reason == why
+    assert f"  why: {why}" in exe.summary().splitlines()
+    exe.save(tmp_path / "exe.npz")
+    assert Executable.load(tmp_path / "exe.npz").layout.reason == why
+    forced = compile_model(fc, torch.zeros(2, 784), config=config, batch=64, mode="weight_streaming",
+                           cycles=False)
+    assert forced.layout.reason == "weight_streaming was asked for"
+
+
 def test_runtime_errors_for_resident_layouts():
     exe = compile_model(_model(), torch.zeros(2, 12), config=FabricConfig(width=5, height=5), batch=4,
                         mode="pipelined")          # no optimizer: evaluates only

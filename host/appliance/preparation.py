@@ -105,9 +105,8 @@ class Prepared(RunSteps):
         there; system 0 does this once all systems are prepared. The folder stays locked until
         :meth:`release_folder`."""
         self.lock = start_run_folder(self.out, self.executable, replace=self.replace_out, resumed=self.resumed)
-        if getattr(self.executable, "mode", None) == "pipelined":
-            from .placement import write_plan
-            write_plan(self.out, self.executable, plan_text(self.executable, self.settings))
+        from .placement import write_plan
+        write_plan(self.out, self.executable, plan_text(self.executable, self.settings))
 
 
 

@@ -36,7 +36,7 @@ def _op_image(plan: Plan, phase) -> np.ndarray:
     return image
 
 
-def generate(plan: Plan, *, cycles: bool = True, progress: bool = True) -> Executable:
+def generate(plan: Plan, *, cycles: bool = True, progress: bool = True, reason: str = "") -> Executable:
     """Build the executable of a weight-streaming plan.
 
     Parameters
@@ -46,6 +46,8 @@ def generate(plan: Plan, *, cycles: bool = True, progress: bool = True) -> Execu
         them 0 (a compile that needs only programs, routes and streams).
     progress:
         Report a cycle model that takes more than a few seconds on stderr.
+    reason:
+        Why the weight-streaming mode was chosen (the plan a person reads).
     """
     cfg = plan.config
     route_check.check_weight_streaming(plan)    # no route set that can deadlock leaves the compiler
@@ -56,4 +58,4 @@ def generate(plan: Plan, *, cycles: bool = True, progress: bool = True) -> Execu
     phases = {name: phase.to_phase(counts[name]) for name, phase in plan.phases.items()}
     return Executable(graph=plan.graph, config=cfg, batch=plan.batch, mode="weight_streaming", program=program,
                       routes=list(plan.routes), static=static, transfers=plan.transfers, phases=phases,
-                      sequences=plan.sequences, regions=plan.regions, layout=plan.layout())
+                      sequences=plan.sequences, regions=plan.regions, layout=plan.layout(reason))

@@ -131,6 +131,9 @@ class WeightStreamingLayout(Layout):
         Columns holding tokens (``min(width, batch)``).
     tokens, token_start:
         Token count and first token of each of those columns.
+    reason:
+        Why this mode was chosen (for the plan a person reads; an executable written before the field
+        existed loads with none).
     """
 
     mode: ClassVar[str] = "weight_streaming"
@@ -144,6 +147,7 @@ class WeightStreamingLayout(Layout):
     columns: int
     tokens: tuple[int, ...]
     token_start: tuple[int, ...]
+    reason: str = ""
 
     @property
     def logits(self) -> str:
@@ -157,19 +161,19 @@ class WeightStreamingLayout(Layout):
         return [range(start, start + count) for start, count in zip(self.token_start, self.tokens)]
 
     def describe(self) -> list[str]:
-        if not self.tokens:
-            return []
-        return [f"tokens per column: {', '.join(str(t) for t in self.tokens)}; features dealt to rows cyclically"]
+        lines = [f"tokens per column: {', '.join(str(t) for t in self.tokens)}; features dealt to rows cyclically"
+                 ] if self.tokens else []
+        return lines + ([f"  why: {self.reason}"] if self.reason else [])
 
     def to_dict(self) -> dict[str, Any]:
         return {"layers": [dataclasses.asdict(layer) for layer in self.layers], "relu_input": self.relu_input,
                 "height": self.height, "columns": self.columns, "tokens": list(self.tokens),
-                "token_start": list(self.token_start)}
+                "token_start": list(self.token_start), "reason": self.reason}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "WeightStreamingLayout":
         return cls(tuple(WSLayer(**layer) for layer in data["layers"]), data["relu_input"], data["height"],
-                   data["columns"], tuple(data["tokens"]), tuple(data["token_start"]))
+                   data["columns"], tuple(data["tokens"]), tuple(data["token_start"]), data.get("reason", ""))
 
 
 @dataclasses.dataclass(frozen=True)

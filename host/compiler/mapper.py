@@ -75,7 +75,7 @@ class WeightStreamingMapper(Mapper):
                 cycles: bool = True) -> Executable:
         from .codegen import generate
         from .weight_streaming import plan
-        return generate(plan(graph, config, batch), cycles=cycles)
+        return generate(plan(graph, config, batch), cycles=cycles, reason=reason)
 
 
 class PipelinedMapper(Mapper):

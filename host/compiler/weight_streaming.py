@@ -123,11 +123,11 @@ class Plan:
     transfers: dict
     passes: list = dataclasses.field(default_factory=list)
 
-    def layout(self) -> WeightStreamingLayout:
-        """The executable's record of this mapping."""
+    def layout(self, reason: str = "") -> WeightStreamingLayout:
+        """The executable's record of this mapping (``reason``: why the mode was chosen)."""
         return WeightStreamingLayout(tuple(self.layers), bool(self.relu_input), self.config.height, self.columns,
                                      tuple(len(block) for block in self.tokens),
-                                     tuple(block.start for block in self.tokens))
+                                     tuple(block.start for block in self.tokens), reason)
 
 
 def ring_colors(row: int, height: int) -> tuple[int, int]:
