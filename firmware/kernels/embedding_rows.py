@@ -145,6 +145,12 @@ class RowsPlan:
         """PE ``(x, y)``'s words of ``matrix [tokens, features]`` in address order."""
         return np.ascontiguousarray(matrix[self.blocks[x]][:, self.feats(y)].T).reshape(-1)
 
+    @property
+    def words_needed(self) -> int:
+        """Words per PE the plan needs: its table's address plus four words (two descriptors) for each move of
+        the longest table."""
+        return self.table + 4 * max((len(e) for e in self.tables.values()), default=0)
+
     def params(self) -> dict[str, np.ndarray]:
         """``p_n``, ``p_tab`` of every PE."""
         n = np.zeros((self.config.height, self.config.width), dtype=np.int64)
@@ -255,9 +261,8 @@ def plan_rows(config: FabricConfig, tokens: int, features: int, direction: str) 
         if east:
             plan.segments.append(Segment(y, east, "E", EAST_COLORS, Port.W if inward else Port.E))
     _tables(plan)
-    longest = max((len(e) for e in plan.tables.values()), default=0)
-    if table + 4 * longest > config.sram_words:
+    if plan.words_needed > config.sram_words:
         raise MemoryNeedError(f"embedding rows of {tokens} tokens x {features} features on a {config.mesh} mesh "
-                              f"need {table + 4 * longest} words per PE but sram_words is {config.sram_words}",
-                              table + 4 * longest)
+                              f"need {plan.words_needed} words per PE but sram_words is {config.sram_words}",
+                              plan.words_needed)
     return plan

@@ -184,6 +184,18 @@ class RelayoutPlan:
     table: int
     spans: dict[tuple[int, int], tuple[int, int]]
 
+    @property
+    def words_needed(self) -> int:
+        """Words per PE the plan needs: its table's address plus four words (two descriptors) for each move of
+        the longest table of any stage."""
+        longest = max((len(e) for stage in self.stages for e in stage.tables.values()), default=0)
+        return self.table + 4 * longest
+
+    @property
+    def span(self) -> list[tuple[int, int]]:
+        """``[(lo, hi)]``: one range from the lowest to the highest word any PE carries (:attr:`spans`)."""
+        return [(min(lo for lo, _ in self.spans.values()), max(hi for _, hi in self.spans.values()))]
+
     def params(self, stage: RelayoutStage) -> dict[str, np.ndarray]:
         """``p_n``, ``p_tab`` of every PE for ``stage``."""
         cfg = self.config
@@ -360,10 +372,6 @@ def plan_relayout(config: FabricConfig, src: np.ndarray, dst: np.ndarray, free: 
         for pe, entries in local.items():
             stages[0].tables[pe] = entries + stages[0].tables.get(pe, [])
     table = max(stage_top.values(), default=free)
-    longest = max((len(e) for s in stages for e in s.tables.values()), default=0)
-    if check and table + 4 * longest > config.sram_words:
-        raise MemoryNeedError(f"{what} on a {config.mesh} mesh needs {table + 4 * longest} words per PE but "
-                              f"sram_words is {config.sram_words}", table + 4 * longest)
     lo = np.full((config.height, config.width), np.iinfo(np.int64).max)
     hi = np.full((config.height, config.width), -1)
     for a in (src, dst):
@@ -372,4 +380,8 @@ def plan_relayout(config: FabricConfig, src: np.ndarray, dst: np.ndarray, free: 
     for (x, y), top in stage_top.items():
         lo[y, x], hi[y, x] = min(lo[y, x], free), max(hi[y, x], top)
     spans = {(int(x), int(y)): (int(lo[y, x]), int(hi[y, x])) for y, x in zip(*np.nonzero(hi >= 0))}
-    return RelayoutPlan(config, program, src, dst, stages, table, spans)
+    plan = RelayoutPlan(config, program, src, dst, stages, table, spans)
+    if check and plan.words_needed > config.sram_words:
+        raise MemoryNeedError(f"{what} on a {config.mesh} mesh needs {plan.words_needed} words per PE but "
+                              f"sram_words is {config.sram_words}", plan.words_needed)
+    return plan

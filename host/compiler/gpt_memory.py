@@ -36,7 +36,8 @@ from wse.config import FabricConfig, MemoryNeedError
 from .weight_streaming import MemoryFitError
 
 __all__ = ["Slot", "MemoryPlan", "plan_memory", "step_memory", "count_moves", "check_fits", "check_step",
-           "least_memory", "gemm_footprint", "relayout_footprint", "ROUND_VALUES", "OFF_WAFER"]
+           "least_memory", "gemm_footprint", "relayout_footprint", "value_features",
+           "ROUND_VALUES", "OFF_WAFER"]
 
 #: Prefixes of the values an attention round keeps in its own region (never in the store).
 ROUND_VALUES = ("s:", "o:", "dp:", "ds:", "dv:", "dq:", "dk:")
@@ -144,11 +145,16 @@ def value_words(name: str, graph, config: FabricConfig, blocks: Sequence[int], s
     tokens = max(blocks)
     if name.startswith("r:"):
         return tokens
+    return math.ceil(value_features(name, graph) / config.height) * tokens
+
+
+def value_features(name: str, graph) -> int:
+    """The features per token of a value in the streamed GEMM's layout: its node's (``NAME``, ``d:NAME#k`` or
+    any ``prefix:NAME``), the last dimension, or for a shape ``[..., T, D]`` of three or more dimensions all but
+    the tokens' ``T`` multiplied."""
     node = name.split(":", 1)[1] if ":" in name else name
-    node = node.split("#", 1)[0]
-    shape = graph.node(node).shape
-    features = math.prod(shape) // shape[-2] if len(shape) > 2 else shape[-1]
-    return math.ceil(features / config.height) * tokens
+    shape = graph.node(node.split("#", 1)[0]).shape
+    return math.prod(shape) // shape[-2] if len(shape) > 2 else shape[-1]
 
 
 def plan_memory(phases: Sequence, graph, config: FabricConfig, blocks: Sequence[int], saved: dict[str, int],
@@ -266,8 +272,7 @@ def gemm_footprint(exe) -> int:
 
 def relayout_footprint(plan) -> int:
     """The footprint of a relayout: its sources, staging and destinations, then its tables (four words a move)."""
-    longest = max((len(e) for stage in plan.stages for e in stage.tables.values()), default=0)
-    return max(plan.table + 4 * longest, int(plan.src[:, 2].max()) + 1 if len(plan.src) else 0,
+    return max(plan.words_needed, int(plan.src[:, 2].max()) + 1 if len(plan.src) else 0,
                int(plan.dst[:, 2].max()) + 1 if len(plan.dst) else 0)
 
 

@@ -21,6 +21,7 @@ buffers and of the GEMM's ``act*`` and ``grad*`` regions; a token-major copy kee
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from wse.firmware.kernels import residual as residual_kernel
 from wse.firmware.kernels.embedding_rows import plan_rows
 from wse.firmware.kernels.relayout import RelayoutPlan, plan_relayout
 
-from .gpt_memory import MemoryPlan, count_moves, relayout_footprint
+from .gpt_memory import MemoryPlan, count_moves, relayout_footprint, value_features
 from .gpt_tiles import MATRICES, HeadTiling, _region, head_tiling, relayout_cycles, relayout_out
 
 __all__ = ["Move", "Ports", "phase_ports", "with_moves", "make_resident", "slot_words", "gemm_counts", "ROUND_OPS"]
@@ -84,15 +85,15 @@ def _at(config: FabricConfig, addr) -> np.ndarray:
 class _Context:
     """What the ports need: the schedule's mesh, blocks, graph and executables."""
 
-    def __init__(self, schedule, linear_executable, kernel_plan, tiling_of):
-        """``schedule``: its phases, blocks, graph and memory plan; the others: :mod:`.gpt_phases`' helpers."""
+    def __init__(self, schedule, linear_executable, tokens_kernel_plan, tiling_of):
+        """``schedule``: its phases, blocks, graph and memory plan; the others: :mod:`.gpt_phases`' helpers
+        (``tokens_plan(op, features, variant, eps)``: :func:`~.gpt_phases.tokens_kernel_plan` over its tokens)."""
         self.s, self.config = schedule, schedule.config
-        self.linear_executable, self.kernel_plan, self.tiling_of = linear_executable, kernel_plan, tiling_of
+        self.linear_executable, self.tiling_of = linear_executable, tiling_of
+        self.tokens_plan = functools.partial(tokens_kernel_plan, schedule.config, schedule.tokens)
 
     def features(self, value: str) -> int:
-        node = value.split(":", 1)[1] if ":" in value else value
-        shape = self.s.graph.node(node.split("#", 1)[0]).shape
-        return int(np.prod(shape)) // shape[-2] if len(shape) > 2 else shape[-1]
+        return value_features(value, self.s.graph)
 
     def counts(self, value: str) -> np.ndarray:
         return gemm_counts(self.config, self.s.blocks, self.features(self.root(value)))
@@ -104,12 +105,6 @@ class _Context:
         exe = self.linear_executable(self.config, self.s.tokens, phase.arg("k"), phase.arg("o"),
                                      phase.arg("bias") is not None)
         return _grid_words(_at(self.config, exe.regions[name][0]), self.counts(value))
-
-    def tokens_plan(self, op: str, features: int, variant=None, eps=None):
-        sizes = {"rows": self.s.tokens, "cols": features}
-        if variant is not None:
-            sizes["variant"] = variant
-        return self.kernel_plan(self.config, op, sizes, eps)
 
     def r_counts(self) -> np.ndarray:
         return gemm_counts(self.config, self.s.blocks, self.config.height)     # one word per token, every row
@@ -266,13 +261,14 @@ def _input_ranges(ports: Ports, whole: bool) -> tuple[list, dict]:
     return common, per_pe
 
 
-def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str, Move], dict]:
+def with_moves(schedule, linear_executable, tokens_kernel_plan) -> tuple[list, dict[str, Move], dict]:
     """The schedule's phases with a ``move`` phase before every device phase that reads kept values and after
     every one that writes them, the moves by phase name, and per device phase (moves included) the word
     ranges ``(keep, resident, resident_per_pe)`` of a resident run: the words its load keeps (the live
-    slots, the attention round's region, its input ports, a move's span) and those the host does not write
-    because the device holds them (its input ports, the round's region, a move's span), on every PE or
-    (``{(x, y): ranges}``) on one. A move's staging and tables go above the plan's words, unchecked here:
+    slots, the attention round's region, its input ports) and those the host does not write because the
+    device holds them (its input ports, the round's region), on every PE or (``{(x, y): ranges}``) on one; a
+    relayout's (a move's too) :attr:`~wse.firmware.kernels.relayout.RelayoutPlan.span` is both, added by the
+    runner as the relayout runs. A move's staging and tables go above the plan's words, unchecked here:
     :func:`.gpt_memory.count_moves` counts them into the plan, whose one check covers them."""
     config, memory = schedule.config, schedule.memory
 
@@ -280,7 +276,7 @@ def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str
         return head_tiling(config, schedule.sequences, phase.arg("heads"), phase.arg("t"), phase.arg("dh"),
                            phase.arg("scale"))
 
-    ctx = _Context(schedule, linear_executable, kernel_plan, tiling_of)
+    ctx = _Context(schedule, linear_executable, tokens_kernel_plan, tiling_of)
     held = {}
     for phase in schedule.phases:
         for value in phase.outputs:
@@ -307,8 +303,7 @@ def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str
             name = f"move-{side} {phase.name}"
             plan = plan_relayout(config, src, dst, free, f"the GPT's {name}", check=False)
             moves[name] = Move(plan, i, side)
-            spans = [(min(lo for lo, _ in plan.spans.values()), max(hi for _, hi in plan.spans.values()))]
-            ranges[name] = (live + region + spans, spans, {})
+            ranges[name] = (live + region, [], {})
             values = tuple(ports.inputs if side == "in" else ports.outputs)
             made[side] = dataclasses.replace(phase, name=name, kind="move", op="move", inputs=values, outputs=(),
                                              args=(("at", i), ("side", side)), runs=1,
@@ -318,12 +313,12 @@ def with_moves(schedule, linear_executable, kernel_plan) -> tuple[list, dict[str
     return out, moves, ranges
 
 
-def make_resident(schedule, linear_executable, kernel_plan, check) -> None:
+def make_resident(schedule, linear_executable, tokens_kernel_plan, check) -> None:
     """Make ``schedule`` resident: its phases with the moves (:func:`with_moves`), the moves' programs and
     ranges, and its memory plan with the moves' staging and tables counted (:func:`.gpt_memory.count_moves`);
     then ``check(plan, phases)`` (the plan and the phases before the moves) refuses a step that does not fit."""
     phases = schedule.phases
-    schedule.phases, schedule.moves, schedule.ranges = with_moves(schedule, linear_executable, kernel_plan)
+    schedule.phases, schedule.moves, schedule.ranges = with_moves(schedule, linear_executable, tokens_kernel_plan)
     schedule.memory = count_moves(schedule.memory, [(p.name, p.arg("at"), p.footprint) for p in schedule.phases
                                                     if p.kind == "move"])
     check(schedule.memory, phases)

@@ -48,9 +48,8 @@ import numpy as np
 
 from wse.config import FabricConfig, MemoryNeedError, UsageError
 from wse.firmware.kernels import attention_timing, embedding_rows_timing, gelu_timing, layernorm_bwd_timing
-from wse.firmware.kernels import layernorm_timing
+from wse.firmware.kernels import layernorm_timing, softmax_timing
 from wse.firmware.kernels import residual as residual_kernel
-from wse.firmware.kernels import softmax_timing
 from wse.firmware.kernels.attention import Attention
 from wse.firmware.kernels.common import block_partition
 from wse.firmware.kernels.embedding_rows import plan_rows
@@ -74,7 +73,7 @@ from .transformer_ir import (GELU, Add, CausalAttention, CausalMask, Embedding, 
 
 __all__ = ["GptPhase", "GptSchedule", "AttentionGroup", "compile_gpt", "attention_groups", "linear_executable",
            "kernel_plan", "kernel_cycles", "rows_cycles", "kernel_footprint", "KINDS", "GEMM_GRAPH_WEIGHT",
-           "GEMM_GRAPH_BIAS"]
+           "GEMM_GRAPH_BIAS", "tokens_kernel_plan"]
 
 #: The phase kinds, in the order reports list them.
 KINDS = ("gemm", "attention", "softmax", "layernorm", "gelu", "residual", "relayout", "rows", "move", "host")
@@ -256,9 +255,13 @@ def kernel_plan(config: FabricConfig, op: str, sizes: dict, eps: float | None = 
     """The library kernel's plan for a phase's ``op`` and ``sizes`` (LayerNorm with its ``eps``)."""
     kernel = _KERNELS[op]
     resolved = kernel.resolve(config, sizes)
-    if op == "layernorm":
-        return kernel.plan(config, resolved, eps)
-    return kernel.plan(config, resolved)
+    return kernel.plan(config, resolved, eps) if op == "layernorm" else kernel.plan(config, resolved)
+
+
+def tokens_kernel_plan(config: FabricConfig, tokens: int, op: str, features: int, variant=None, eps=None):
+    """:func:`kernel_plan` of a kernel over ``tokens`` x ``features`` (GELU's ``variant``, LayerNorm's ``eps``)."""
+    sizes = {"rows": tokens, "cols": features}
+    return kernel_plan(config, op, sizes if variant is None else {**sizes, "variant": variant}, eps)
 
 
 @functools.lru_cache(maxsize=256)
@@ -394,11 +397,9 @@ class _Builder:
         """MemoryX's rows into the tokens' PEs, or the tokens' row gradients out (a program)."""
         what = f"embedding {node} ({features} features, rows {'in' if direction == 'in' else 'gradients out'})"
         plan = self.fits(what, lambda: plan_rows(self.config, self.N, features, direction))
-        longest = max((len(e) for e in plan.tables.values()), default=0)
+        cycles = rows_cycles(self.config, features, self.N, direction) if self.with_cycles else 0
         self.emit(name, "rows", f"rows-{direction}", node, inputs, outputs,
-                  {"words": self.N * features, "features": features}, 1,
-                  rows_cycles(self.config, features, self.N, direction) if self.with_cycles else 0, 0,
-                  plan.table + 4 * longest)
+                  {"words": self.N * features, "features": features}, 1, cycles, 0, plan.words_needed)
 
     # -- forward --
     def forward(self, node: TNode) -> None:
@@ -594,5 +595,5 @@ def compile_gpt(graph: TransformerGraph, config: FabricConfig, sequences: int, *
     schedule = GptSchedule(graph, config, int(sequences), builder.T, blocks, builder.phases, builder.groups,
                            step_memory(builder, blocks))
     if resident:
-        make_resident(schedule, linear_executable, kernel_plan, lambda plan, phases: check_step(builder, plan, phases))
+        make_resident(schedule, linear_executable, tokens_kernel_plan, functools.partial(check_step, builder))
     return schedule

@@ -416,14 +416,19 @@ def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch, probe
     The reference engine: every router and PE visited every cycle. A ``probe``
     (:class:`ColumnProbe`, a reduced replay's checks) is run at every cycle; the
     run stops with ``_BROKEN`` when one fails."""
+    probe = _NO_PROBE if probe is None else probe
+    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, _packed(routes), probe)
+
+
+def _packed(routes: Routes) -> np.ndarray:
+    """:func:`pack_routes` of ``routes``, kept for the next runs over the same tables (not to be written)."""
     packed = _PACKED.get(id(routes.target))
     if packed is None or packed[0] is not routes.target:
         packed = (routes.target, pack_routes(routes))
         _PACKED[id(routes.target)] = packed
         while len(_PACKED) > 8:
             _PACKED.pop(next(iter(_PACKED)))
-    probe = _NO_PROBE if probe is None else probe
-    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, packed[1], probe)
+    return packed[1]
 
 
 _NO_PROBE = no_probe()

@@ -70,9 +70,9 @@ from wse.config import Port
 from wse.firmware.training.timing import VEC
 
 from .network import TO_EDGE, TO_ROUTER, Network
-from .replay import (_CONFLICTS, _FINISHED, _FIFOS, _LAST, _OUT_OF_TIME, _RUNNING, _T, _TO_INJECT, _TX, _WRITE,
-                     _NEVER, _edge_ports, _new_scalars, _new_state, _run, pack_routes)
-from .replay_state import _COPY, _SOURCE, _WEST_FED, ColumnProbe, Cores, EdgePorts, Queues
+from .replay import (_CONFLICTS, _FINISHED, _FIFOS, _GRANT, _LAST, _OUT_OF_TIME, _RUNNING, _T, _TO_INJECT, _TX,
+                     _WRITE, _NEVER, _edge_ports, _new_scalars, _new_state, _packed, _run)
+from .replay_state import _COPY, _SOURCE, _WEST_FED, ColumnProbe, Cores, Queues
 
 __all__ = ["reduced_replay", "column_shape", "WINDOW", "MIN_RATIO"]
 
@@ -107,7 +107,7 @@ def column_shape(network: Network, ops, starts, ends, inject: dict) -> tuple[int
         return None
     ops = np.asarray(ops)
     live = np.unique(ops[(ops[:, 0] == VEC) & (ops[:, 4] >= 0), 4])       # no other wavelets exist
-    table = pack_routes(network.routes())[:, live]
+    table = _packed(network.routes())[:, live]
     used = np.arange(table.shape[2] // 2 - 2)[None, None, :] < table[:, :, :1]
     if (network.input_port[:, live] == int(Port.E)).any() or (used & (table[:, :, 4::2] == _NEVER)).any():
         return None
@@ -164,34 +164,34 @@ class _Window:
     cycle's features, conflict count, west-fed FIFOs full or not, and column ``a - 1``'s
     sends east (a cycle the idle skip passed sends nothing)."""
 
-    def __init__(self, network, a: int, length: int):
+    def __init__(self, network, a: int, length: int, starts):
         cfg = network.config
         W, H = cfg.width, cfg.height
-        self.W, self.a, self.length = W, a, length
+        self.W, self.a, self.length, self.starts = W, a, length, starts
         column = np.arange(W * H) % W
         self.west_fed = (network.input_port == int(Port.W)) & (column >= a)[:, None]
         self.source = ((network.output_mask & _EAST) != 0) & (column == a - 1)[:, None]
         self.cycles: dict[int, tuple] = {}
 
-    def record(self, t, queues, cores, events, starts, scalars, depth) -> None:
+    def record(self, t, queues, cores, events, scalars, depth) -> None:
         """Keep the state at the start of cycle ``t`` (its features are computed when compared)."""
         full = bool((queues.router_fifo[self.west_fed] >= depth).any())
         n = int(events.count[_WRITE])
         state = (Queues(*[a.copy() for a in queues]), Cores(*[a.copy() for a in cores]),
                  (events.who[_WRITE, :n].copy(), events.color[_WRITE, :n].copy()))
-        self.cycles[t] = [state, int(scalars[_CONFLICTS]), full, starts]
+        self.cycles[t] = [state, int(scalars[_CONFLICTS]), full]
 
     def features(self, t: int) -> np.ndarray:
         """The features (:func:`_features`) of the state kept at ``t``, computed once."""
         entry = self.cycles[t]
         if not isinstance(entry[0], np.ndarray):
-            entry[0] = _features(*entry[0], entry[3], t)
+            entry[0] = _features(*entry[0], self.starts, t)
         return entry[0]
 
     def sends(self, t, events) -> np.ndarray:
         """Column ``a - 1``'s sends east in cycle ``t`` (just run), colors as bits per row."""
-        n = int(events.count[0])
-        who, color = events.who[0, :n], events.color[0, :n]
+        n = int(events.count[_GRANT])
+        who, color = events.who[_GRANT, :n], events.color[_GRANT, :n]
         east = self.source[who, color]
         out = np.zeros(self.source.shape[0] // self.W, dtype=np.int64)
         np.bitwise_or.at(out, who[east] // self.W, np.left_shift(1, color[east]))
@@ -200,7 +200,7 @@ class _Window:
     def shift(self, T: int, a: int, P: int) -> int | None:
         """The ``Delta`` for which preconditions 1 and 2 hold at ``T``, or None."""
         W = self.W
-        pc = self.cycles[T][0][1].pc - self.cycles[T][3]
+        pc = self.cycles[T][0][1].pc - self.starts
         H = pc.shape[0] // W
         now = None
         for delta in range(1, self.length + 1):
@@ -208,7 +208,7 @@ class _Window:
             if before is None:
                 continue
             if not isinstance(before[0], np.ndarray):       # op rows first: most deltas fail there
-                old = before[0][1].pc - before[3]
+                old = before[0][1].pc - self.starts
                 if not np.array_equal(old.reshape(H, W)[:, a:W - P], pc.reshape(H, W)[:, a + P:]):
                     continue
             now = self.features(T).reshape(H, W, -1)[:, a + P:] if now is None else now
@@ -231,13 +231,13 @@ def _prerun(network, ops, starts, inject, a: int, P: int, limit: int):
     scalars = _new_scalars(starts, ports, -1)
     kept = sum(x.nbytes for x in (*queues, *cores))
     length = max(2, min(WINDOW, _WINDOW_BYTES // max(kept, 1)))
-    window = _Window(network, a, length)
+    window = _Window(network, a, length, starts)
     for T in _STARTS:
         status = _run(routes, ports, ops, queues, cores, events, scalars, min(T - length, limit), -1)
         sends = {}
         while status == _OUT_OF_TIME and scalars[_T] <= T and scalars[_T] < limit:
             t = int(scalars[_T])
-            window.record(t, queues, cores, events, starts, scalars, routes.router_depth)
+            window.record(t, queues, cores, events, scalars, routes.router_depth)
             if t == T:
                 break
             status = _run(routes, ports, ops, queues, cores, events, scalars, t + 1, -1)
@@ -301,13 +301,14 @@ def _probe(network: Network, a: int, P: int, T: int, delta: int, line) -> Column
                        np.zeros(1, dtype=np.int64), np.array([K, delta, H], dtype=np.int64))
 
 
-def _cut_state(full, small_routes, W: int, K: int, starts):
-    """The full replay's state at ``T`` on the first ``K`` columns (a fresh run's arrays, filled)."""
+def _cut_state(full, small: Network, small_routes, W: int, K: int, starts):
+    """The full replay's state at ``T`` on the first ``K`` columns (``small``, :func:`_columns`; a fresh run's
+    arrays, filled; no edge port injects, a precondition)."""
     routes, _, queues, cores, events, scalars = full
     H = queues.rx.shape[0] // W
     keep = ((np.arange(W * H) % W) < K)
     index = np.cumsum(keep) - 1
-    ports = _edge_ports_none(small_routes)
+    ports = _edge_ports(small, {})
     q, c, e = _new_state(small_routes, ports, starts[keep])
     for mine, theirs in zip(q + c, queues + cores):
         mine[:] = theirs[keep]
@@ -321,13 +322,6 @@ def _cut_state(full, small_routes, W: int, K: int, starts):
     s[_RUNNING], s[_FIFOS], s[_TX] = int((~c.done).sum()), int((q.router_fifo > 0).sum()), int(q.tx_count.sum())
     s[_TO_INJECT], s[_LAST], s[_CONFLICTS] = 0, -1, 0
     return ports, q, c, e, s, keep
-
-
-def _edge_ports_none(routes) -> EdgePorts:
-    """No edge port injects (a precondition)."""
-    colors = routes.input_port.shape[1]
-    zero = np.zeros(0, dtype=np.int64)
-    return EdgePorts(zero, zero, np.zeros((0, colors), dtype=np.int64), zero)
 
 
 def _go_on(state, ops, ends, limit: int, run):
@@ -376,7 +370,7 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
     W, H = network.config.width, network.config.height
     small = _columns(network, K)
     small_routes = small.routes()
-    ports, queues, cores, events, scalars, keep = _cut_state(full, small_routes, W, K, starts)
+    ports, queues, cores, events, scalars, keep = _cut_state(full, small, small_routes, W, K, starts)
     probe = _probe(small, a, P, T, delta, line)
     small_ends = ends[keep]
     watch = int(np.argmax(small_ends - cores.pc))

@@ -50,8 +50,8 @@ from wse.firmware.kernels.gelu import Gelu
 from wse.firmware.kernels.layernorm import LayerNorm as LayerNormKernel
 from wse.firmware.kernels.layernorm_bwd import LayerNormBackward
 from wse.firmware.training import transformer as ops
-from wse.host.compiler.gpt_phases import (GEMM_GRAPH_BIAS, GEMM_GRAPH_WEIGHT, GptPhase, GptSchedule, kernel_plan,
-                                          linear_executable)
+from wse.host.compiler.gpt_phases import (GEMM_GRAPH_BIAS, GEMM_GRAPH_WEIGHT, GptPhase, GptSchedule,
+                                          linear_executable, tokens_kernel_plan)
 from wse.host.compiler.gpt_tiles import MATRICES, HeadTiling, RoundKernel, head_tiling, relayout_in, relayout_out, \
     round_kernel, token_major
 from wse.sim.devices import make_device
@@ -102,36 +102,15 @@ class _GemmBackend(DeviceBackend):
         return self.factory(config)
 
 
-def _region_image(exe, region: str, matrix: np.ndarray, token_major: bool) -> np.ndarray:
-    """``uint32 [H, W, words]`` of ``matrix [N, F]`` as the streamed GEMM keeps ``region``:
-    feature ``k`` on row ``k mod H``, each column's tokens, feature-major (``token_major``: token-major)."""
-    layout, cfg = exe.layout, exe.config
-    _, words = exe.regions[region]
-    image = np.zeros((cfg.height, cfg.width, words), dtype=np.uint32)
-    for y in range(cfg.height):
-        feats = np.arange(y, matrix.shape[1], cfg.height)
-        for j, (start, count) in enumerate(zip(layout.token_start, layout.tokens)):
-            block = matrix[start:start + count][:, feats]
-            flat = block.ravel() if token_major else block.T.ravel()
-            image[y, j, :flat.size] = flat
-    return image
+def _region_image(exe, region: str, matrix: np.ndarray) -> np.ndarray:
+    """``uint32 [H, W, words]`` of ``matrix [N, F]`` as the streamed GEMM keeps ``region``
+    (:func:`~.gpt_resident.gemm_image` over the executable's token blocks)."""
+    return gemm_image(exe.config, exe.layout.tokens, matrix, exe.regions[region][1])
 
 
 def _region_matrix(exe, image: np.ndarray, features: int) -> np.ndarray:
-    """The ``[N, F]`` matrix of a feature-major region's ``image`` (the inverse of :func:`_region_image`)."""
-    layout, cfg = exe.layout, exe.config
-    out = np.zeros((sum(layout.tokens), features), dtype=np.uint32)
-    for y in range(cfg.height):
-        feats = np.arange(y, features, cfg.height)
-        for j, (start, count) in enumerate(zip(layout.token_start, layout.tokens)):
-            out[start:start + count, feats] = image[y, j, :len(feats) * count].reshape(len(feats), count).T
-    return out
-
-
-def flat_bits(values, features: int) -> np.ndarray:
-    """``uint32 [N, features]`` bit patterns of float32 (or bit-pattern) ``values``."""
-    array = np.ascontiguousarray(values)
-    return (array.view(np.uint32) if array.dtype == np.float32 else array.astype(np.uint32)).reshape(-1, features)
+    """The ``[N, F]`` matrix of a region's ``image`` (the inverse of :func:`_region_image`)."""
+    return gemm_matrix(exe.config, exe.layout.tokens, image, features)
 
 
 def _floats(bits: np.ndarray) -> np.ndarray:
@@ -287,8 +266,7 @@ class GptFabric:
         self.values[phase.outputs[0]] = np.asarray(delta).reshape(logits.shape)
         if self.shared is not None:
             slot = memory.slot(phase.outputs[0])
-            self.shared.memcpy_h2d(slot.addr, gemm_image(self.config, self.schedule.blocks, flat_bits(delta, vocab),
-                                                         slot.words))
+            self.shared.memcpy_h2d(slot.addr, gemm_image(self.config, self.schedule.blocks, delta, slot.words))
 
     def _op_move(self, phase: GptPhase):
         """A move program: kept values between their slots and a phase's buffers, on the fabric."""
@@ -299,23 +277,16 @@ class GptFabric:
     def _execute(self, plan, values, what: str):
         """Run a relayout ``plan``; on a resident step its words stay the device's (its span is resident)."""
         if self.shared is not None:
-            span = [(min(lo for lo, _ in plan.spans.values()), max(hi for _, hi in plan.spans.values()))]
-            self.shared.add_ranges(span, span)
+            self.shared.add_ranges(plan.span, plan.span)
         return plan.execute(self.factory, values, what)
 
     # -- kernels on the tokens x features layout ------------------------------------------
-    def _tokens_plan(self, op: str, features: int, variant: str | None = None, eps=None):
-        sizes = {"rows": self.schedule.tokens, "cols": features}
-        if variant is not None:
-            sizes["variant"] = variant
-        return kernel_plan(self.config, op, sizes, eps)
-
     def _op_residual(self, phase: GptPhase):
         a, b = (self.values[name] for name in phase.inputs)
         shape = np.broadcast_shapes(a.shape, b.shape)
         a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
         features = a.shape[-1]
-        plan = self._tokens_plan("residual", features)
+        plan = tokens_kernel_plan(self.config, self.schedule.tokens, "residual", features)
         inputs = {"a": _floats(a.reshape(-1, features)), "b": _floats(np.ascontiguousarray(b).reshape(-1, features))}
         bits, cycles = residual_kernel.Residual().execute(self._device(), plan, inputs)
         self.values[phase.outputs[0]] = bits.reshape(a.shape)
@@ -324,7 +295,7 @@ class GptFabric:
     def _op_layernorm(self, phase: GptPhase):
         x = self.values[phase.inputs[0]]
         features = x.shape[-1]
-        plan = self._tokens_plan("layernorm", features, eps=phase.arg("eps"))
+        plan = tokens_kernel_plan(self.config, self.schedule.tokens, "layernorm", features, eps=phase.arg("eps"))
         device = self._device()
         y, cycles = LayerNormKernel().execute(device, plan, {
             "x": _floats(x.reshape(-1, features)), "gamma": _floats(self.w[phase.arg("weight")]),
@@ -342,7 +313,7 @@ class GptFabric:
     def _op_layernorm_bwd(self, phase: GptPhase):
         g, xhat, r = (self.values[name] for name in phase.inputs)
         features = g.shape[-1]
-        plan = self._tokens_plan("layernorm-bwd", features)
+        plan = tokens_kernel_plan(self.config, self.schedule.tokens, "layernorm-bwd", features)
         out, cycles = LayerNormBackward().execute(self._device(), plan, {
             "dy": _floats(g.reshape(-1, features)), "gamma": _floats(self.w[phase.arg("weight")]),
             "xhat": _floats(xhat), "r": _floats(r)})
@@ -355,7 +326,7 @@ class GptFabric:
     def _op_gelu(self, phase: GptPhase, backward: bool = False):
         x = self.values[phase.inputs[0]]
         features = x.shape[-1]
-        plan = self._tokens_plan("gelu", features, phase.arg("variant"))
+        plan = tokens_kernel_plan(self.config, self.schedule.tokens, "gelu", features, phase.arg("variant"))
         inputs = {"x": _floats(x.reshape(-1, features))}
         if backward:
             inputs["dy"] = _floats(self.values[phase.inputs[1]].reshape(-1, features))
@@ -367,17 +338,21 @@ class GptFabric:
         return self._op_gelu(phase, backward=True)
 
     # -- the streamed GEMM ------------------------------------------------------------------
-    def _gemm(self, phase: GptPhase, name: str, inputs: dict, out: tuple[str, int] | None):
-        k, o = phase.arg("k"), phase.arg("o")
+    def _executable(self, phase: GptPhase):
+        """The one-layer executable of a linear layer's phase."""
+        return linear_executable(self.config, self.schedule.tokens, phase.arg("k"), phase.arg("o"),
+                                 phase.arg("bias") is not None)
+
+    def _gemm(self, phase: GptPhase, exe, name: str, images: dict[str, np.ndarray], out: tuple[str, int] | None):
+        """Run ``exe``'s phase ``name`` with ``images`` (region -> ``uint32 [H, W, words]``) written first;
+        ``(the region out as [N, F] or None, the weight gradient pools, cycles)``."""
         bias = phase.arg("bias")
-        exe = linear_executable(self.config, self.schedule.tokens, k, o, bias is not None)
         weights = {GEMM_GRAPH_WEIGHT: _floats(self.w[phase.arg("weight")])}
         if bias is not None:
             weights[GEMM_GRAPH_BIAS] = _floats(self.w[bias])
         backend = _GemmBackend(exe, self.factory)
         backend.load()
-        for region, (matrix, token_major_order) in inputs.items():
-            image = matrix if matrix.ndim == 3 else _region_image(exe, region, matrix, token_major_order)
+        for region, image in images.items():
             backend.device.memcpy_h2d(exe.regions[region][0], image)
         pools: dict = {}
         cycles = backend.run_phase(name, weights, pools)
@@ -391,15 +366,17 @@ class GptFabric:
 
     def _op_linear(self, phase: GptPhase):
         x = self.values[phase.inputs[0]]
-        k, o = phase.arg("k"), phase.arg("o")
-        y, _, cycles = self._gemm(phase, "fwd l2", {"act1": (x.reshape(-1, k), False)}, ("act2", o))
+        k, o, exe = phase.arg("k"), phase.arg("o"), self._executable(phase)
+        y, _, cycles = self._gemm(phase, exe, "fwd l2", {"act1": _region_image(exe, "act1", x.reshape(-1, k))},
+                                  ("act2", o))
         self.values[phase.outputs[0]] = y.reshape(x.shape[:-1] + (o,))
         return [cycles]
 
     def _op_linear_data(self, phase: GptPhase):
         g = self.values[phase.inputs[0]]
-        k, o = phase.arg("k"), phase.arg("o")
-        dx, _, cycles = self._gemm(phase, "bwd-data l2", {"grad2": (g.reshape(-1, o), False)}, ("grad1", k))
+        k, o, exe = phase.arg("k"), phase.arg("o"), self._executable(phase)
+        dx, _, cycles = self._gemm(phase, exe, "bwd-data l2", {"grad2": _region_image(exe, "grad2", g.reshape(-1, o))},
+                                   ("grad1", k))
         self.values[phase.outputs[0]] = dx.reshape(g.shape[:-1] + (k,))
         return [cycles]
 
@@ -407,11 +384,10 @@ class GptFabric:
         """The layer's input copied token-major within every PE (a relayout of local moves): the words
         the weight gradient reads as ``act1tm``, kept as that region's image."""
         x = self.values[phase.inputs[0]]
-        k, o = phase.arg("k"), phase.arg("o")
-        exe = linear_executable(self.config, self.schedule.tokens, k, o, phase.arg("bias") is not None)
+        k, exe = phase.arg("k"), self._executable(phase)
         (src, _), (dst, words) = exe.regions["act1"], exe.regions["act1tm"]
         plan = token_major(self.config, self.schedule.tokens, k, src, dst)
-        image = _region_image(exe, "act1", x.reshape(-1, k), False)
+        image = _region_image(exe, "act1", x.reshape(-1, k))
         xs, ys, a = plan.src.T
         copied, cycles = self._execute(plan, image[ys, xs, a - src], f"token-major {phase.node}")
         out = np.zeros((self.config.height, self.config.width, words), dtype=np.uint32)
@@ -422,9 +398,9 @@ class GptFabric:
 
     def _op_linear_weight(self, phase: GptPhase):
         copy, g = (self.values[name] for name in phase.inputs)
-        k, o = phase.arg("k"), phase.arg("o")
-        _, pools, cycles = self._gemm(phase, "bwd-weight l2", {"act1tm": (copy, True),
-                                                               "grad2": (g.reshape(-1, o), False)}, None)
+        k, o, exe = phase.arg("k"), phase.arg("o"), self._executable(phase)
+        _, pools, cycles = self._gemm(phase, exe, "bwd-weight l2", {
+            "act1tm": copy, "grad2": _region_image(exe, "grad2", g.reshape(-1, o))}, None)
         (key, bits), = pools.items()
         self.grads[phase.arg("weight")] = ops.floats(bits[:o * k]).reshape(o, k)
         if phase.arg("bias") is not None:

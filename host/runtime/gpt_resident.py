@@ -4,11 +4,12 @@ A resident step runs every phase on ONE device. :class:`ResidentDevice` wraps it
 drivers of :mod:`.gpt_fabric`, which were written for a fresh device per phase: before each phase the
 driver sets the phase's word ranges (:func:`wse.host.compiler.gpt_moves.with_moves`): every ``load``
 keeps the ``keep`` ranges (the memory plan's live slots, the attention round's region, the phase's
-input ports, a move's span), and a ``memcpy_h2d`` inside a ``resident`` range is not written: those
-words are the device's, put there by the move programs (or by the phase before, within an attention
-round), so a phase computes on what the fabric left, never on the host's copy. Everything else passes
-through: programs, parameters, tables, op lists, MemoryX's weights and rows, the loss's delta. Every
-load also zeroes the counters, so a phase's ``fmac`` count is its own.
+input ports; a relayout's span, :meth:`ResidentDevice.add_ranges`), and a ``memcpy_h2d`` inside a
+``resident`` range is not written: those words are the device's, put there by the move programs (or
+by the phase before, within an attention round), so a phase computes on what the fabric left, never on
+the host's copy. Everything else passes through: programs, parameters, tables, op lists, MemoryX's
+weights and rows, the loss's delta. Every load also zeroes the counters, so a phase's ``fmac`` count
+is its own.
 """
 
 from __future__ import annotations
