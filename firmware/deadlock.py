@@ -57,7 +57,7 @@ import dataclasses
 
 from wse.config import ROUTE_INPUT_NONE, FabricConfig, Port, UsageError, route_outputs
 
-__all__ = ["DeadlockError", "Ring", "Proof", "check_routes", "load_checked"]
+__all__ = ["DeadlockError", "Ring", "Proof", "check_routes", "route_graph", "load_checked"]
 
 _RAMP = int(Port.RAMP)
 
@@ -143,6 +143,13 @@ class _Graph:
             self.table[(x, y, color)] = (code, route_outputs(x, y, outputs, W, H)[1])
         self.edges: dict[tuple, set] = {}
 
+    def copy(self) -> _Graph:
+        """Another graph with the same route table and a copy of the edges (to add a phase's tasks to)."""
+        other = _Graph.__new__(_Graph)
+        other.config, other.what, other.table = self.config, self.what, self.table
+        other.edges = {node: set(targets) for node, targets in self.edges.items()}
+        return other
+
     def add(self, a: tuple, b: tuple) -> None:
         self.edges.setdefault(a, set()).add(b)
         self.edges.setdefault(b, set())
@@ -203,12 +210,21 @@ class _Graph:
         return None, routers
 
     def cycle(self) -> list | None:
-        """A cycle of the graph as a list of nodes (first repeated last), or None."""
+        """A cycle of the graph as a list of nodes (first repeated last), or None.
+
+        The search visits nodes in sorted order, so the cycle named is the same
+        from run to run; a graph without one is first proved so in any order
+        (no sorting: the common case)."""
+        return self._search(ordered=True) if self._search(ordered=False) else None
+
+    def _search(self, ordered: bool) -> list | None:
+        """Depth-first search for a cycle, roots and children in sorted order if ``ordered``."""
+        order = _ordered if ordered else iter
         state: dict[tuple, int] = {}
-        for root in sorted(self.edges):
+        for root in (sorted(self.edges) if ordered else self.edges):
             if root in state:
                 continue
-            stack = [(root, iter(sorted(self.edges[root])))]
+            stack = [(root, order(self.edges[root]))]
             state[root] = 1
             path = [root]
             while stack:
@@ -223,8 +239,24 @@ class _Graph:
                 elif child not in state:
                     state[child] = 1
                     path.append(child)
-                    stack.append((child, iter(sorted(self.edges[child]))))
+                    stack.append((child, order(self.edges[child])))
         return None
+
+
+def _ordered(nodes: set):
+    """An iterator over ``nodes`` in sorted order (a set of one needs no sort)."""
+    return iter(nodes) if len(nodes) < 2 else iter(sorted(nodes))
+
+
+def route_graph(config: FabricConfig, routes, *, what: str) -> _Graph:
+    """The route table and route edges of ``routes``, checked (raises
+    :class:`DeadlockError` naming ``what`` for a route that leads a color
+    nowhere): pass it as :func:`check_routes`' ``graph`` to check several
+    task sets (such as the phases of one program) on one route set without
+    building it again; each check works on a copy."""
+    graph = _Graph(config, routes, what)
+    graph.route_edges()
+    return graph
 
 
 def _ring(graph: _Graph, ring: Ring) -> tuple[str | None, int]:
@@ -259,7 +291,7 @@ def _ring(graph: _Graph, ring: Ring) -> tuple[str | None, int]:
 
 
 def check_routes(config: FabricConfig, routes, *, what: str, traffic: dict | None = None,
-                 rings=()) -> Proof:
+                 rings=(), graph: _Graph | None = None) -> Proof:
     """Prove that ``routes`` cannot deadlock its buffers, or raise.
 
     Parameters
@@ -277,6 +309,9 @@ def check_routes(config: FabricConfig, routes, *, what: str, traffic: dict | Non
         phase). Default: every color the routes deliver to or take from each PE.
     rings : iterable of Ring
         The cycles the schedule proves live.
+    graph : optional
+        :func:`route_graph` of the same ``config`` and ``routes``, built once
+        for several checks (``routes`` is then not read again); the same proof.
 
     Returns
     -------
@@ -288,8 +323,7 @@ def check_routes(config: FabricConfig, routes, *, what: str, traffic: dict | Non
         Naming the cycle of channels (and why a ring on it is not proved), or
         a route that leads a color nowhere.
     """
-    graph = _Graph(config, routes, what)
-    graph.route_edges()
+    graph = route_graph(config, routes, what=what) if graph is None else graph.copy()
     if traffic is None:
         traffic = graph.traffic()
     discharged, failed, proved, why = set(), set(), [], []

@@ -295,12 +295,14 @@ def _wgrad(ops: OpRows, f: dict, counts: list[int]) -> None:
             with_bias = s == 0 and bias
             if s == 0:
                 ops.busy(3)                               # ld bias, bne
-            for _ in range(n):
-                ops.busy(2 + Kx + 1 + n_w + 1)            # ld, fmacs, fmacw (memory)
+
+            def output(o, with_bias=with_bias, length=length):
+                o.busy(2 + Kx + 1 + n_w + 1)              # ld, fmacs, fmacw (memory)
                 if with_bias:
-                    ops.busy(1 + T + 1 + 1)               # li, fsum, st
-                ops.vec(length, in1=e_in, out=e_out)
-                ops.busy(5 if with_bias else 4)           # addb(s), add, addi, bne
+                    o.busy(1 + T + 1 + 1)                 # li, fsum, st
+                o.vec(length, in1=e_in, out=e_out)
+                o.busy(5 if with_bias else 4)             # addb(s), add, addi, bne
+            _repeat(ops, n, output)                       # the step's n outputs: the same rows each
             if not with_bias:
                 ops.busy(1)                               # jmp wg_next
         ops.busy(5)                                       # 3 add, addi, bge

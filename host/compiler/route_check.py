@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from wse.firmware.deadlock import Proof, Ring, check_routes
+from wse.firmware.deadlock import Proof, Ring, check_routes, route_graph
 from wse.firmware.isa import DsdKind
 from wse.firmware.training import pipe
 from wse.firmware.training import records as rec
@@ -36,9 +36,24 @@ def phase_traffic(grid, decode) -> tuple[dict, dict]:
     phase hold the same records, so each distinct record (and each distinct
     list of them) is decoded once; the PEs that share it share its read-only
     fields."""
-    traffic, decoded, records, pes = {}, {}, {}, {}
+    traffic, decoded, _ = _traffic(grid, decode)
+    return {pe: (set(a), set(b)) for pe, (a, b) in traffic.items()}, {pe: list(v) for pe, v in decoded.items()}
+
+
+def _traffic(grid, decode) -> tuple[dict, dict, tuple]:
+    """:func:`phase_traffic` with the PEs' frozensets and lists shared, not
+    copied (for readers only), and the traffic's signature: per PE ``((x, y),
+    frozenset received, frozenset sent)`` (equal signatures, equal traffic)."""
+    traffic, decoded, records, pes, same, signature = {}, {}, {}, {}, {}, []
     for y, row in enumerate(grid):
         for x, ops in enumerate(row):
+            ids = tuple(map(id, ops))      # PEs often share the record objects themselves: no bytes to read
+            pe = same.get(ids)
+            if pe is not None:
+                traffic[(x, y)] = pe[1:]
+                decoded[(x, y)] = pe[0]
+                signature.append(((x, y), pe[1], pe[2]))
+                continue
             keys = tuple(words.tobytes() if isinstance(words, np.ndarray) else tuple(int(w) for w in words)
                          for words in ops)
             pe = pes.get(keys)
@@ -51,9 +66,11 @@ def phase_traffic(grid, decode) -> tuple[dict, dict]:
                     mine.append(seen[:2])
                     receives, sends = receives | seen[2], sends | seen[3]
                 pe = pes[keys] = (mine, receives, sends)
-            traffic[(x, y)] = (set(pe[1]), set(pe[2]))
-            decoded[(x, y)] = list(pe[0])
-    return traffic, decoded
+            same[ids] = pe
+            traffic[(x, y)] = pe[1:]
+            decoded[(x, y)] = pe[0]
+            signature.append(((x, y), pe[1], pe[2]))
+    return traffic, decoded, tuple(signature)
 
 
 def _colors(kind: str, fields: dict) -> tuple[str, dict, frozenset, frozenset]:
@@ -87,14 +104,17 @@ def weight_streaming_rings(plan, decoded: dict) -> list[Ring]:
 def check_weight_streaming(plan) -> list[Proof]:
     """Check every phase of a weight-streaming plan; raises
     :class:`~wse.firmware.deadlock.DeadlockError` naming the phase and the cycle."""
-    proofs, seen = [], {}
+    proofs, seen, graph = [], {}, None
     for name, phase in plan.phases.items():
-        traffic, decoded = phase_traffic(phase.records, rec.decode)
+        traffic, decoded, signature = _traffic(phase.records, rec.decode)
         rings = weight_streaming_rings(plan, decoded)
-        key = (tuple((pe, frozenset(a), frozenset(b)) for pe, (a, b) in traffic.items()), tuple(rings))
+        key = (signature, tuple(rings))
         if key not in seen:     # phases with the same traffic and rings have the same graph
-            seen[key] = check_routes(plan.config, plan.routes, what=f"weight-streaming phase {name!r}",
-                                     traffic=traffic, rings=rings)
+            what = f"weight-streaming phase {name!r}"
+            if graph is None:   # one route set for every phase: its table and route edges built once
+                graph = route_graph(plan.config, plan.routes, what=what)
+            seen[key] = check_routes(plan.config, plan.routes, what=what, traffic=traffic, rings=rings,
+                                     graph=graph)
         proofs.append(dataclasses.replace(seen[key], what=f"weight-streaming phase {name!r}"))
     return proofs
 

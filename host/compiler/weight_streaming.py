@@ -262,11 +262,16 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
         raise FitError(f"a batch of {batch} on {columns} columns needs {len(passes[0])} token passes of at most "
                        f"{pass_limit(config)} tokens per PE, more than the {len(tokens[-1])} tokens of the "
                        f"last column; use a batch that is a multiple of {columns}")
-    code = len(training_program(config.replace(imem_words=65536)).code)
-    if code > config.imem_words:
-        raise FitError(f"the weight-streaming PE program needs {code} instruction words but imem_words is "
-                       f"{config.imem_words}")
-    program = training_program(config)
+    try:            # assembled for the mesh, it fits: no second assembly to measure it
+        program = training_program(config)
+    except UsageError:
+        program = None
+    if program is None:
+        code = len(training_program(config.replace(imem_words=65536)).code)
+        if code > config.imem_words:
+            raise FitError(f"the weight-streaming PE program needs {code} instruction words but imem_words is "
+                           f"{config.imem_words}")
+        program = training_program(config)
     masks = _check_masks(masks, layers, tokens, batch, config)
     mem = _Memory(program.data_end)
     _memory_map(mem, layers, H, tmax, max(n for col in passes for _, n in col),

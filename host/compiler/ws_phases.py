@@ -60,6 +60,16 @@ class Context:
         return self.program.symbol("f_zero")
 
 
+#: Whether PEs with equal records share one array, built once per key (row, tokens, passes, column
+#: parity); ``False``: built PE by PE, the same words (``tests/test_compile_cpu.py`` compares both).
+SHARE = True
+
+
+def _share(j: int, *key) -> tuple:
+    """The memo key of a record that column ``j`` holds: ``key``, or with :data:`SHARE` off one per column."""
+    return key if SHARE else (j,) + key
+
+
 def sgemm_steps(row: int, height: int, outputs: int) -> tuple[np.ndarray, np.ndarray]:
     """``(o, p)``: the outputs row ``row`` handles, in order, and its ring position for each.
 
@@ -99,9 +109,15 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
         k = _local(k_total, H, i)
         c_in, c_out = ring_colors(i, H)
         rounds, o_last = divmod(outputs, H)
+        row_memo: dict = {}
         for j in range(cfg.width):
             T = ctx.T(j)
             if not T:
+                continue
+            first = row_memo.setdefault(_share(j, T, tuple(ctx.token_passes(j))), j)
+            if first != j:      # columns with the same tokens and passes hold the same records
+                for part in parts:
+                    part[i][j] = part[i][first]
                 continue
             for q, (off, t) in enumerate(ctx.token_passes(j)):
                 xb = xa
@@ -213,11 +229,14 @@ def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x:
         kept = grid[o][:, feats] if len(o) else np.zeros((0, len(feats)), bool)
         counts = kept.sum(axis=1)
         c_in, c_out = ring_colors(i, H)
-        for j in range(ctx.columns):
-            records[i][j] = rec.encode("spgemm", dict(
+        def make(c_in=c_in, c_out=c_out, counts=counts, kinds=kinds):
+            return rec.encode("spgemm", dict(
                 t=T, b=block, acc=rec.dsd_mem(slots, T), zero=rec.dsd_mem(ctx.zero, T, 0), x=rec.dsd_mem(0, T),
                 w=rec.dsd_fabin(C_W, 0), out=rec.dsd_fabout(c_out, T), inp=rec.dsd_fabin(c_in, T),
                 y=rec.dsd_mem(ctx.addr(y), T)), table=(counts << 2 | kinds).tolist())
+        record = make()         # the same in every column of the row
+        for j in range(ctx.columns):
+            records[i][j] = record if SHARE else make()
         # the pool: weight (, bias), +0, -0, then the words: the markers, the feature addresses
         words = np.array(list(_MARKS) + [xa + l * T for l in range(len(feats))], dtype=np.int64).astype(np.uint32)
         if transposed:
@@ -236,9 +255,20 @@ def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x:
     return records, streams, fmacs
 
 
-def _per_pe(ctx: Context, make) -> list:
-    """``[H][W]`` records from ``make(i, j, T)`` for PEs holding tokens."""
-    return [[make(i, j, ctx.T(j)) if ctx.T(j) else None for j in range(ctx.config.width)] for i in range(ctx.H)]
+def _per_pe(ctx: Context, make, key=lambda i, j, T: (i, T)) -> list:
+    """``[H][W]`` records from ``make(i, j, T)`` for PEs holding tokens.
+
+    ``make`` depends on the PE only through ``key(i, j, T)`` (by default the
+    row and the tokens), so it runs once per distinct key and the PEs with
+    equal keys share its record (records are never written in place)."""
+    memo: dict = {}
+
+    def one(i, j, T):
+        k = _share(j, *key(i, j, T))
+        if k not in memo:
+            memo[k] = make(i, j, T)
+        return memo[k]
+    return [[one(i, j, ctx.T(j)) if ctx.T(j) else None for j in range(ctx.config.width)] for i in range(ctx.H)]
 
 
 def _relu(ctx: Context, region: str, features: int) -> list:
@@ -294,7 +324,7 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
             rout=rec.dsd_fabout(c_out), rin=rec.dsd_fabin(c_in), mem=rec.dsd_mem(0, 0)),
             table=[counts_of[(i - s) % H] for s in range(H)])
 
-    records = _per_pe(ctx, make)
+    records = _per_pe(ctx, make, key=lambda i, j, T: (i, T, j % 2, j == 0))   # ein, eout: by column parity
     streams = []
     n_weight = layer.o * layer.k
     for i in range(H):
@@ -367,9 +397,14 @@ def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[li
                 scatter.append(o * layer.k + feats[local])
         c_in, c_out = ring_colors(i, H)
         counts = [counts_of[(i - s) % H] for s in range(H)]
+        row_memo: dict = {}      # a row's records differ only by the column's parity and column 0
         for j in range(ctx.columns):
+            key = _share(j, j % 2, j == 0)
+            if key in row_memo:
+                records[i][j] = row_memo[key]
+                continue
             ein = rec.dsd_fabin(EAST[j % 2]) if j else rec.dsd_mem(ctx.zero, 0, 0)
-            records[i][j] = rec.encode("spwgrad", dict(
+            records[i][j] = row_memo[key] = rec.encode("spwgrad", dict(
                 t=T, h=H, bias=int(bias), send_first=int(i % 2 == 0), own=ctx.addr(f"grad{l}"),
                 buf0=ctx.addr("buf0"), buf1=ctx.addr("buf1"), ga=g, g=rec.dsd_mem(g, 1),
                 gall=rec.dsd_mem(g, cap), zero=rec.dsd_mem(ctx.zero, 1, 0),
@@ -420,8 +455,14 @@ def _softmax(ctx: Context, l: int) -> tuple[list, int]:
     for i in range(H):
         c_in, c_out = ring_colors(i, H)
         ci = counts_of[i]
+        row_memo: dict = {}
         for j in range(ctx.columns):
             T = ctx.T(j)
+            first = row_memo.setdefault(_share(j, T, tuple(ctx.token_passes(j))), j)
+            if first != j:      # columns with the same tokens and passes hold the same records
+                for part in parts:
+                    part[i][j] = part[i][first]
+                continue
             for q, (off, t) in enumerate(ctx.token_passes(j)):
                 own, dz = a(f"act{l}"), a(f"grad{l}")
                 if n_passes > 1:
