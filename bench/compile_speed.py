@@ -19,13 +19,20 @@ period search (``replay_periods.ROUND_ALIGNED``) and the int8 queue counts
 ``columns_speedup_cpu`` is its CPU time over the default's
 (``same_cycles_without_columns``). ``cpu_s`` figures are the process's CPU seconds
 (steadier than wall seconds on a shared machine; the cycle model's distinct phase replays run on one thread
-per CPU, so its wall seconds can be fewer than its CPU seconds).
+per CPU, so its wall seconds can be fewer than its CPU seconds). The cycle cache
+(``wse.host.compiler.cycle_cache``) is off, so every figure is a cold compile's, unless
+``--warm``: then each case's cycle model runs twice against a fresh, empty cache folder, a cold
+run that fills it and a warm one that reads it (the in-process memo emptied before each):
+``warm_cycle_model_cpu_s`` and ``warm_cycle_model_s`` are the warm run's CPU and wall seconds,
+``warm_speedup_cpu`` the cold CPU seconds over the warm ones, ``same_cycles_warm`` says the
+counts agree and ``cycle_cache_entries`` how many replays were stored.
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --engines
     .venv/bin/python bench/compile_speed.py --cases mlp2048 --columns
     .venv/bin/python bench/compile_speed.py --cases wafer --cycles-only
+    .venv/bin/python bench/compile_speed.py --warm
 
 Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
 (1024-1024-1024-10, 32x32, batch 256), ``mlp2048`` (2048-2048-2048-10,
@@ -36,8 +43,11 @@ Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,8 +80,45 @@ def _timed(fn):
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False, columns: bool = False) -> dict:
-    """Compile one case stage by stage; the JSON record."""
+@contextlib.contextmanager
+def _cycle_cache(folder: str | None):
+    """The cycle cache in ``folder`` for the block, or off with None (the environment restored after)."""
+    saved = {k: os.environ.get(k) for k in ("WSE_CYCLE_CACHE", "WSE_CACHE_DIR")}
+    if folder is None:
+        os.environ["WSE_CYCLE_CACHE"] = "0"
+    else:
+        os.environ.pop("WSE_CYCLE_CACHE", None)
+        os.environ["WSE_CACHE_DIR"] = folder
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _warm_cycle_model(the_plan, record: dict) -> dict[str, int]:
+    """The cycle model cold then warm against a fresh cache folder (the memo emptied before each);
+    adds the cold and warm figures to ``record`` and returns the cold counts."""
+    from wse.host.compiler import cycles
+    with tempfile.TemporaryDirectory(prefix="wse-cycle-cache-") as folder, _cycle_cache(folder):
+        cycles.MEMO = cycles.ReplayMemo()
+        counts, record["cycle_model"], record["cycle_cpu"] = _timed(
+            lambda: cycles.phase_cycles(the_plan, progress=False))
+        cycles.MEMO = cycles.ReplayMemo()
+        warm, wall, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False))
+        record.update(warm_cycle_model_s=round(wall, 3), warm_cycle_model_cpu_s=round(cpu, 3),
+                      same_cycles_warm=warm == counts,
+                      cycle_cache_entries=sum(f.endswith(".cyc") for f in os.listdir(folder)))
+    return counts
+
+
+def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False, columns: bool = False,
+             warm: bool = False) -> dict:
+    """Compile one case stage by stage (the cycle cache off; with ``warm`` the cycle model also
+    against a fresh cache, cold then warm: :func:`_warm_cycle_model`); the JSON record."""
     import torch
 
     from wse.config import FabricConfig
@@ -92,21 +139,27 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
     the_plan = plan(graph, config, batch)
     stages["plan"] = time.perf_counter() - t
     cycles.MEMO = cycles.ReplayMemo()      # nothing carried over from an earlier case
-    counts, stages["cycle_model"], cycle_cpu = _timed(
-        lambda: cycles.phase_cycles(the_plan, training_program(config), progress=False))
+    warm_figures = {}
+    if warm:
+        counts = _warm_cycle_model(the_plan, warm_figures)
+        stages["cycle_model"], cycle_cpu = warm_figures.pop("cycle_model"), warm_figures.pop("cycle_cpu")
+        warm_figures["warm_speedup_cpu"] = round(cycle_cpu / max(warm_figures["warm_cycle_model_cpu_s"], 1e-6), 1)
+    else:
+        counts, stages["cycle_model"], cycle_cpu = _timed(
+            lambda: cycles.phase_cycles(the_plan, training_program(config), progress=False))
     if not cycles_only:
         t = time.perf_counter()
         codegen.generate(the_plan, cycles=False, progress=False)
         stages["codegen_without_cycles"] = time.perf_counter() - t
     total = sum(stages.values())
-    cpu_total = time.process_time() - cpu_began
+    cpu_total = time.process_time() - cpu_began - warm_figures.get("warm_cycle_model_cpu_s", 0)    # a cold compile's
     pe_layers = width * height * (len(sizes) - 1)
     record = {"case": name, "sizes": list(sizes), "mesh": f"{width}x{height}", "batch": batch,
               "stages_s": {k: round(v, 3) for k, v in stages.items()}, "compile_s": round(total, 3),
               "pe_layers": pe_layers, "s_per_million_pe_layers": round(total / pe_layers * 1e6, 3),
               "cycle_model_cpu_s": round(cycle_cpu, 3), "compile_cpu_s": round(cpu_total, 3),
               "cpu_s_per_million_pe_layers": round(cpu_total / pe_layers * 1e6, 3),
-              "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts}
+              "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts, **warm_figures}
     if engines:
         cycles.MEMO = cycles.ReplayMemo()
         same, _, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False, engine="reference"))
@@ -168,13 +221,15 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", action="store_true", help="also time the reference engine of the replay")
     parser.add_argument("--columns", action="store_true",
                         help="also time the cycle model as before the reduced replay, aligned stops, int8 counts")
+    parser.add_argument("--warm", action="store_true",
+                        help="also run the cycle model cold then warm against a fresh cycle cache")
     args = parser.parse_args(argv)
-    _warm_up()
     records = []
-    for name in args.cases:
-        record = run_case(name, args.baseline, args.cycles_only, args.engines, args.columns)
-        records.append(record)
-        print(json.dumps(record), flush=True)
+    with _cycle_cache(None):        # cold compiles: the cycle cache only where --warm gives it a fresh folder
+        _warm_up()
+        for name in args.cases:
+            records.append(run_case(name, args.baseline, args.cycles_only, args.engines, args.columns, args.warm))
+            print(json.dumps(records[-1]), flush=True)
     if len(records) > 1:       # growth: CPU seconds per PE-layer against the first case and the previous one
         first = records[0]["cpu_s_per_million_pe_layers"]
         print(json.dumps({"growth_vs_" + records[0]["case"]: {

@@ -107,6 +107,10 @@ class Prepared(RunSteps):
         self.lock = start_run_folder(self.out, self.executable, replace=self.replace_out, resumed=self.resumed)
         from .placement import write_plan
         write_plan(self.out, self.executable, plan_text(self.executable, self.settings))
+        from wse.host.compiler.cycle_cache import take_report_line
+        cycle_line = take_report_line()     # where the cycle counts came from: the cycle cache or replays
+        if cycle_line:
+            print(cycle_line)
 
 
 

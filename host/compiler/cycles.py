@@ -32,7 +32,10 @@ phase without them gives every PE's last cycle, and each phase's count
 follows from those and its own closing cycles. :class:`ReplayMemo` keeps
 those results (keyed by a digest of the inputs and compared in full on a
 hit, so a digest collision cannot change a count); ``reuse=False`` replays
-every phase as it is.
+every phase as it is. With ``reuse`` the results also go to the cycle cache
+on disk (:mod:`.cycle_cache`, keyed by a SHA-256 of the same inputs, the
+configuration and the cycle model's source), so a later compile of the same
+phases, in any process, reads them instead of replaying.
 """
 
 from __future__ import annotations
@@ -213,13 +216,22 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
     in :data:`MEMO`) share its count; the distinct replays run on ``workers``
     threads (the compiled loops release the GIL; every replay has its own state,
     and a replay's count does not depend on which thread runs it)."""
+    from . import cycle_cache
     from .progress import Progress
 
     out, todo, names = {}, {}, {}
+    disk = cycle_cache.open_cache(network) if reuse else None      # replays kept across processes
+    tally = cycle_cache.TALLY
     for name, (ops, starts, ends), inject in phases:
         if reuse:           # the inputs without the closing cycles (closing_cycles), shared where equal
             key = MEMO.key(network, ops, starts, ends, inject)
             hit = MEMO.get(key)
+            if hit is None and disk is not None and (stored := disk.get(key)) is not None:
+                MEMO.put(key, stored)
+                tally.cached += 1
+                hit = MEMO.finish(stored, key)
+            elif hit is not None:
+                tally.shared += 1
             if hit is not None:
                 out[name] = hit
                 continue
@@ -241,9 +253,13 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
             result = done.result()
             if reuse:
                 MEMO.put(todo[digest][0], result)
+                tally.replayed += 1
+                tally.stored += disk is not None and disk.put(todo[digest][0], result)
             for name, key in names[digest]:
                 out[name] = MEMO.finish(result, key) if reuse else int(result[0])
                 bar.step(name)
+    if disk is not None and disk.wrote:
+        disk.trim()
     return {name: out[name] for name, _, _ in phases}
 
 
@@ -302,7 +318,8 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
     ``periods`` lets the replay skip proven repeats (:mod:`.replay_periods`;
     the counts are the same either way); ``reuse`` takes the count of a phase
     whose replay inputs equal an earlier one's, but for the PEs' closing
-    private cycles (:func:`closing_cycles`), from :data:`MEMO` (same counts;
+    private cycles (:func:`closing_cycles`), from :data:`MEMO` or the cycle
+    cache on disk (:mod:`.cycle_cache`; same counts;
     ``False`` replays every phase as it is: the reference path with
     ``periods=False`` and ``engine="reference"``); ``engine`` picks the replay's cycle loop
     (:data:`~.replay.ENGINES`; the same counts); the distinct replays run on
