@@ -51,6 +51,7 @@ from wse.config import Port
 from wse.firmware.training.timing import BUSY, END, RECV
 
 from .network import TO_EDGE, TO_PE, TO_ROUTER, Network, Routes
+from .replay_routes import _MASK, _N, _NEVER, _TARGETS, _UP, _UP_AT, pack_routes  # noqa: F401 (the engines')
 from .replay_state import (  # noqa: F401 (the replay's state, known here by the engines and tests)
     _OUT_OF_TIME, _DEADLOCK, _GRANT, _INJECT, _TX_MOVE, _POP, _ISSUE, _WRITE, _EVENT_KINDS, EdgePorts, Queues,
     Cores, Events, _record, _new_state, _T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS,
@@ -70,39 +71,13 @@ _RAMP = int(Port.RAMP)
 # count references on every call and the replay several times slower: the
 # PE's instruction stream is therefore one loop, _step_pes.
 
-# Fields of a packed route row (pack_routes); a target kind that can never accept (beside network.TO_*).
-_N, _MASK, _UP, _TARGETS = 0, 1, 2, 4
-_NEVER = 3
-
-
-def pack_routes(routes: Routes) -> np.ndarray:
-    """The routes packed one 64-byte row per router and color (most of a busy
-    cycle's time goes to memory): ``[r, c, _N]`` targets, ``_MASK`` the output
-    ports, ``_UP`` -2 (:mod:`.replay_events` writes the upstream there), and
-    from ``_TARGETS`` a (kind, index) pair per target. A neighbour router whose
-    route does not take the color from this link can never accept it: its kind
-    is ``_NEVER``, marked once instead of checked every cycle."""
-    routers, colors = routes.input_port.shape
-    table = np.zeros((routers, colors, 16), dtype=np.int32)
-    table[:, :, _N] = routes.n_targets
-    table[:, :, _MASK] = routes.output_mask
-    table[:, :, _UP] = -2
-    kind = routes.target_kind.copy()
-    c_index = np.broadcast_to(np.arange(colors)[None, :, None], kind.shape)
-    accepts = routes.input_port[routes.target, c_index] == routes.target_port
-    kind[(kind == TO_ROUTER) & ~accepts] = _NEVER
-    width = 2 * kind.shape[2]
-    table[:, :, _TARGETS:_TARGETS + width:2] = kind
-    table[:, :, _TARGETS + 1:_TARGETS + width:2] = routes.target
-    return table
-
-
 @njit(cache=True, inline="always")
-def _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
-    """Every target of router ``r``'s route of color ``c`` accepts a wavelet (atomic multicast)."""
-    for k in range(table[r, c, _N]):
-        kind = table[r, c, _TARGETS + 2 * k]
-        to = table[r, c, _TARGETS + 2 * k + 1]
+def _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
+    """Every target of router ``r``'s route of color ``c`` (packed row ``row``) accepts a wavelet
+    (atomic multicast)."""
+    for k in range(rows[row, _N]):
+        kind = rows[row, _TARGETS + 2 * k]
+        to = r + rows[row, _TARGETS + 2 * k + 1]
         if kind == TO_ROUTER:
             if router_fifo[to, c] >= router_depth:
                 return False
@@ -135,9 +110,9 @@ def _low_color(rotated, first_color, colors):
 
 
 @njit(cache=True)
-def _grant_routers(routes, table, queues, first_color, events):
+def _grant_routers(routes, rows, index, queues, first_color, events):
     """Step 1: each router's grants, colors in rotating priority from ``first_color``
-    (``table``: :func:`pack_routes`).
+    (``rows``, ``index``: :func:`pack_routes`).
 
     Returns the conflicts: colors that could go but were held back by a
     color granted before them on a shared port (with none, the grants do not
@@ -154,14 +129,15 @@ def _grant_routers(routes, table, queues, first_color, events):
         while rotated != 0:
             c = _low_color(rotated, first_color, colors)
             rotated &= rotated - 1
-            mask = table[r, c, _MASK]
+            row = index[r, c]
+            mask = rows[row, _MASK]
             if mask == 0:
                 continue
             if (mask & ports_used) != 0:
-                if _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
+                if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
                     conflicts += 1
                 continue
-            if _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
+            if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
                 ports_used |= mask
                 _record(events, _GRANT, r, c)
     return conflicts
@@ -310,9 +286,9 @@ def _push_fifo(queues, r, c):
 
 
 @njit(cache=True)
-def _apply_grants(table, queues, events):
-    """Forward the granted wavelets (their targets from the packed routes ``table``, in the
-    cache from the grant). Returns the change in non-empty FIFOs."""
+def _apply_grants(rows, index, queues, events):
+    """Forward the granted wavelets (their targets from the packed routes ``rows``, ``index``, in
+    the cache from the grant). Returns the change in non-empty FIFOs."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
     who, color = events.who, events.color
     change = 0
@@ -323,9 +299,10 @@ def _apply_grants(table, queues, events):
         if router_fifo[r, c] == 0:
             busy_fifos[r] &= ~(1 << c)
             change -= 1
-        for k in range(table[r, c, _N]):
-            kind = table[r, c, _TARGETS + 2 * k]
-            to = table[r, c, _TARGETS + 2 * k + 1]
+        row = index[r, c]
+        for k in range(rows[row, _N]):
+            kind = rows[row, _TARGETS + 2 * k]
+            to = r + rows[row, _TARGETS + 2 * k + 1]
             if kind == TO_ROUTER:
                 change += _push_fifo(queues, to, c)
             elif kind == TO_PE:
@@ -417,10 +394,11 @@ def _run(routes, ports, ops, queues, cores, events, scalars, limit, watch, probe
     (:class:`ColumnProbe`, a reduced replay's checks) is run at every cycle; the
     run stops with ``_BROKEN`` when one fails."""
     probe = _NO_PROBE if probe is None else probe
-    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, _packed(routes), probe)
+    rows, index = _packed(routes)
+    return _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, rows, index, probe)
 
 
-def _packed(routes: Routes) -> np.ndarray:
+def _packed(routes: Routes) -> tuple[np.ndarray, np.ndarray]:
     """:func:`pack_routes` of ``routes``, kept for the next runs over the same tables (not to be written)."""
     packed = _PACKED.get(id(routes.target))
     if packed is None or packed[0] is not routes.target:
@@ -435,8 +413,8 @@ _NO_PROBE = no_probe()
 
 
 @njit(cache=True, nogil=True)
-def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, table, probe):
-    """:func:`_run` over the packed routes ``table`` (:func:`pack_routes`)."""
+def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch, rows, index, probe):
+    """:func:`_run` over the packed routes ``rows``, ``index`` (:func:`pack_routes`)."""
     count = events.count
     colors = routes.input_port.shape[1]
     tx_depth = routes.tx_depth
@@ -453,7 +431,7 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
             break
         first_color = t % colors
         count[:_WRITE] = 0
-        scalars[_CONFLICTS] += _grant_routers(routes, table, queues, first_color, events) + \
+        scalars[_CONFLICTS] += _grant_routers(routes, rows, index, queues, first_color, events) + \
             _grant_injections(routes, queues, ports, first_color, events)
         _grant_tx_moves(routes, queues, events)
         progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t)
@@ -464,7 +442,7 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
         issued = count[_ISSUE]
         if moves > 0 and t > last:
             last = t
-        nonempty_fifos += _apply_grants(table, queues, events)
+        nonempty_fifos += _apply_grants(rows, index, queues, events)
         nonempty_fifos += _apply_injections(queues, ports, events)
         to_inject -= count[_INJECT]
         nonempty_fifos += _apply_tx_moves(queues, tx_depth, events)

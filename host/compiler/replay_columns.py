@@ -107,7 +107,8 @@ def column_shape(network: Network, ops, starts, ends, inject: dict) -> tuple[int
         return None
     ops = np.asarray(ops)
     live = np.unique(ops[(ops[:, 0] == VEC) & (ops[:, 4] >= 0), 4])       # no other wavelets exist
-    table = _packed(network.routes())[:, live]
+    rows, index = _packed(network.routes())
+    table = rows[index[:, live]]
     used = np.arange(table.shape[2] // 2 - 2)[None, None, :] < table[:, :, :1]
     if (network.input_port[:, live] == int(Port.E)).any() or (used & (table[:, :, 4::2] == _NEVER)).any():
         return None

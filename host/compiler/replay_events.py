@@ -29,8 +29,9 @@ written), so :mod:`.replay_periods` and a later call go on from it.
 ``tests/test_compile_speed.py`` checks the two engines' states equal at every
 stop of a run and their counts equal on many schedules.
 
-Most of a busy cycle's time goes to memory, so the routes are packed one
-64-byte row per router and color (:func:`route_table`).
+Most of a busy cycle's time goes to memory, so the routes are packed as
+distinct rows with relative targets and a row number per router and color
+(:func:`route_table`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from wse.firmware.timing_ops import BUSY, END, RECV
 
 from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _DEADLOCK, _FIFOS, _FINISHED, _GRANT, _INJECT, _ISSUE, _LAST, _OUT_OF_TIME, _POP,
-                     _MASK, _N, _NO_WAKE, _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP,
+                     _MASK, _N, _NO_WAKE, _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP, _UP_AT,
                      _WRITE, _grant_injections, _low_color, _ready, _rotated_colors, pack_routes)
 
 __all__ = ["run_events"]
@@ -160,7 +161,7 @@ def _turn(wakes):
 # ---------------------------------------------------------------- decisions (as replay.py's steps 1-4)
 
 @njit(cache=True)
-def _grant_woken(routes, table, queues, wakes, first_color, events):
+def _grant_woken(routes, rows, index, queues, wakes, first_color, events):
     """Step 1 for the woken routers (:func:`.replay._grant_routers`'s rule); returns the conflicts."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
     router_depth, rx_depth = routes.router_depth, routes.rx_depth
@@ -176,14 +177,15 @@ def _grant_woken(routes, table, queues, wakes, first_color, events):
         while rotated != 0:       # the non-empty FIFOs in rotating priority
             c = _low_color(rotated, first_color, colors)
             rotated &= rotated - 1
-            mask = table[r, c, _MASK]
+            row = index[r, c]
+            mask = rows[row, _MASK]
             if mask == 0:
                 continue
             if (mask & ports_used) != 0:
-                if _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
+                if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
                     conflicts += 1
                 continue
-            if _ready(table, router_fifo, rx, router_depth, rx_depth, r, c):
+            if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
                 ports_used |= mask
                 _rec(count, whos, cols, _GRANT, r, c)
     return conflicts
@@ -306,7 +308,7 @@ def _step_due(ops, cores, queues, wakes, tx_depth, events, t):
 # ---------------------------------------------------------------- applying a cycle's events, waking readers
 
 @njit(cache=True)
-def _apply_moves(table, queues, ports, wakes, events, t):
+def _apply_moves(rows, index, queues, ports, wakes, events, t):
     """Grants, injections and output-queue moves (:func:`.replay._apply_grants` and the next two),
     waking whoever reads a changed queue. Returns the change in non-empty FIFOs."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
@@ -322,13 +324,14 @@ def _apply_moves(table, queues, ports, wakes, events, t):
             busy_fifos[r] &= ~(1 << c)
             change -= 1
         _wake(r_flag, r_next, counts, _ROUTERS_NEXT, r)
-        u = table[r, c, _UP]
-        if u >= 0:
-            _wake(r_flag, r_next, counts, _ROUTERS_NEXT, u)
+        row = index[r, c]
+        u = rows[row, _UP]
+        if u == 0:
+            _wake(r_flag, r_next, counts, _ROUTERS_NEXT, r + rows[row, _UP_AT])
         elif u == -1:
             _wake(t_flag, t_next, counts, _TX_NEXT, r)
-        for k in range(table[r, c, _N]):
-            kind, to = table[r, c, _TARGETS + 2 * k], table[r, c, _TARGETS + 2 * k + 1]
+        for k in range(rows[row, _N]):
+            kind, to = rows[row, _TARGETS + 2 * k], r + rows[row, _TARGETS + 2 * k + 1]
             if kind == TO_ROUTER:
                 change += _push(router_fifo, busy_fifos, to, c)
                 _wake(r_flag, r_next, counts, _ROUTERS_NEXT, to)
@@ -404,7 +407,7 @@ def _settle(cores, wakes, ran):
 
 
 @njit(cache=True, nogil=True)
-def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch, table):
+def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch, rows, index):
     """:func:`.replay._run` (same arguments, results and final state), visiting only who can act."""
     count = events.count
     colors = routes.input_port.shape[1]
@@ -426,7 +429,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
         first_color = t % colors
         count[:_WRITE] = 0
         _turn(wakes)
-        scalars[_CONFLICTS] += _grant_woken(routes, table, queues, wakes, first_color, events) + \
+        scalars[_CONFLICTS] += _grant_woken(routes, rows, index, queues, wakes, first_color, events) + \
             _grant_injections(routes, queues, ports, first_color, events)
         _move_woken_tx(routes, queues, wakes, events)
         progressed, finished, last_exit = _step_due(ops, cores, queues, wakes, tx_depth, events, t)
@@ -437,7 +440,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
         issued = count[_ISSUE]
         if moves > 0 and t > last:
             last = t
-        nonempty_fifos += _apply_moves(table, queues, ports, wakes, events, t)
+        nonempty_fifos += _apply_moves(rows, index, queues, ports, wakes, events, t)
         to_inject -= count[_INJECT]
         tx_wavelets += count[_WRITE] - count[_TX_MOVE]
         _apply_pe(queues, wakes, events, t)
@@ -467,18 +470,16 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
     return status
 
 
-def route_table(network) -> np.ndarray:
-    """The routes of ``network`` packed for the fast engine (:func:`.replay.pack_routes`),
-    with each route's upstream in ``_UP`` (:meth:`.network.Network.upstream`)."""
-    table = pack_routes(network.routes())
-    table[:, :, _UP] = network.upstream()
-    return table
+def route_table(network) -> tuple[np.ndarray, np.ndarray]:
+    """The routes of ``network`` packed for the fast engine (:func:`.replay.pack_routes`:
+    ``(rows, index)``), with each route's upstream (:meth:`.network.Network.upstream`)."""
+    return pack_routes(network.routes(), network.upstream())
 
 
 def run_events(network):
     """A run function with :func:`.replay._run`'s signature: the fast engine over ``network``'s routes."""
-    table = route_table(network)
+    rows, index = route_table(network)
 
     def run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
-        return _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch, table)
+        return _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch, rows, index)
     return run
