@@ -233,3 +233,32 @@ def test_the_least_recently_used_entries_go_past_the_limit():
     disk.trim(size - 1)
     left = _entries()
     assert 0 < len(left) < len(entries) and left == sorted(entries[len(entries) - len(left):])
+
+
+def test_a_cache_folder_that_cannot_be_named_turns_the_cache_off(monkeypatch):
+    the_plan = _plan()
+    expected = _cold(the_plan)
+    monkeypatch.setenv("WSE_CACHE_DIR", "~no-such-user-of-this-machine/cycles")    # expanduser raises
+    cycle_cache.TALLY.reset()
+    assert _cold(the_plan) == expected
+    line = cycle_cache.report_line()
+    assert line.startswith("cycle counts: replayed") and "no cache folder" in line and "WSE_CACHE_DIR" in line
+
+
+def test_the_line_says_when_every_count_came_from_this_process(monkeypatch):
+    tally = cycle_cache.Tally(shared=3, folder="/somewhere")
+    assert cycle_cache.report_line(tally) == "cycle counts: from this process's earlier replays (3 phases)"
+    tally = cycle_cache.Tally(cached=2, shared=1, folder="/somewhere")
+    assert cycle_cache.report_line(tally) == "cycle counts: from the cycle cache /somewhere (2 replays skipped)"
+
+
+def test_a_dead_writers_temporary_file_goes_when_old():
+    the_plan = _plan()
+    _cold(the_plan)
+    folder = cycle_cache.cache_dir()
+    old, new = folder / ".x.cyc.abc.tmp", folder / ".y.cyc.def.tmp"
+    old.write_bytes(b"half")
+    new.write_bytes(b"half")
+    os.utime(old, (1_000_000, 1_000_000))
+    cycle_cache.CycleCache(folder, the_plan.config).trim()
+    assert not old.exists() and new.exists() and _entries()

@@ -35,7 +35,9 @@ atomically (a temporary file renamed over it), with a SHA-256 of the key and
 its contents at its end: a truncated, corrupt or misnamed entry reads as a
 miss and is replayed and written again. A cache that cannot be written (a
 read-only folder, a full disk) never fails a compile: one line on stderr says
-so, once per process and folder, and the compile goes on without storing.
+so, once per process and folder, and the compile goes on without storing; a
+folder that cannot be named (``~user`` unknown, no home folder) turns the
+cache off. A temporary file a killed writer left goes after an hour.
 Entries are tiny (under a kilobyte for the models of ``bench/compile_speed.py``),
 but the folder is still bounded: past :data:`MAX_BYTES` on disk the least
 recently used entries go (a hit refreshes an entry's time).
@@ -51,6 +53,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,8 @@ MAX_BYTES = 64 << 20
 _MAGIC = b"WSECYC1\n"
 _SUFFIX = ".cyc"
 _OFF = ("0", "off", "no", "false")
+#: Age (seconds) past which a temporary file in the folder is a dead writer's and goes.
+_STALE_S = 3600
 # Where a memo key's inputs (ReplayMemo._inputs: tables, depths, ops, starts, ends, feed) hold the op ranges.
 _STARTS, _ENDS = -3, -2
 
@@ -149,6 +154,8 @@ def report_line(tally: Tally | None = None) -> str | None:
     if t.off is not None:
         return f"cycle counts: replayed ({t.replayed} replays; the cycle cache is off: {t.off})"
     where = f"the cycle cache {t.folder}"
+    if t.replayed == 0 and t.cached == 0:
+        return f"cycle counts: from this process's earlier replays ({t.shared} phases)"
     if t.replayed == 0:
         return f"cycle counts: from {where} ({t.cached} replays skipped)"
     kept = f", not stored: {t.failed}" if t.failed else ""
@@ -264,12 +271,17 @@ class CycleCache:
 
     def trim(self, limit: int | None = None) -> None:
         """Remove the least recently used entries while the folder's entries take more than
-        ``limit`` bytes of disk (:data:`MAX_BYTES` by default), down to three quarters of it."""
+        ``limit`` bytes of disk (:data:`MAX_BYTES` by default), down to three quarters of it, and
+        temporary files older than an hour (a writer killed before its rename leaves one)."""
         limit = MAX_BYTES if limit is None else limit
         try:
             entries = []
             with os.scandir(self.folder) as listing:
                 for entry in listing:
+                    if entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
+                        if entry.stat(follow_symlinks=False).st_mtime < time.time() - _STALE_S:
+                            os.unlink(entry.path)       # left by a writer that was killed mid-write
+                        continue
                     if entry.name.endswith(_SUFFIX) and entry.is_file(follow_symlinks=False):
                         stat = entry.stat(follow_symlinks=False)
                         size = getattr(stat, "st_blocks", 0) * 512 or stat.st_size
@@ -292,6 +304,10 @@ def open_cache(network) -> CycleCache | None:
     if not enabled():
         TALLY.off = f"WSE_CYCLE_CACHE={os.environ.get('WSE_CYCLE_CACHE', '')}"
         return None
-    folder = cache_dir()
+    try:
+        folder = cache_dir()
+    except (RuntimeError, KeyError, OSError) as error:     # no home folder to put it in ("~user" unknown, no HOME)
+        TALLY.off = f"no cache folder ({error}); set WSE_CACHE_DIR"
+        return None
     TALLY.off, TALLY.folder = None, str(folder)
     return CycleCache(folder, network.config)

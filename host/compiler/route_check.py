@@ -43,7 +43,12 @@ def phase_traffic(grid, decode) -> tuple[dict, dict]:
 def _traffic(grid, decode) -> tuple[dict, dict, tuple]:
     """:func:`phase_traffic` with the PEs' frozensets and lists shared, not
     copied (for readers only), and the traffic's signature: per PE ``((x, y),
-    frozenset received, frozenset sent)`` (equal signatures, equal traffic)."""
+    frozenset received, frozenset sent)`` (equal signatures, equal traffic).
+
+    PEs are first matched by the identities of their record objects, which
+    is sound only while ``grid`` holds every record alive for the whole call
+    (as the plans' lists of records do): an object made on the fly and freed
+    could leave its identity to another."""
     traffic, decoded, records, pes, same, signature = {}, {}, {}, {}, {}, []
     for y, row in enumerate(grid):
         for x, ops in enumerate(row):
