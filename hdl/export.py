@@ -173,7 +173,7 @@ def synth_report(config: FabricConfig, out_dir) -> Path:
     for label, cfg, top in (("router", config, "router"), ("tile (router + PE)", config, "tile"),
                             (f"{mesh.mesh} mesh", mesh, "fabric")):
         start = time.monotonic()
-        print(f"synthesizing the {label} ({len(rows) + 1} of 3; the whole report takes about 12 minutes "
+        print(f"synthesizing the {label} ({len(rows) + 1} of 3; the whole report takes about 15 minutes "
               "on 2 cores)", file=sys.stderr, flush=True)
         done = threading.Event()
         beat = threading.Thread(target=_heartbeat, args=(label, start, done), daemon=True)

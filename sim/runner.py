@@ -20,7 +20,7 @@ stored bits of PE memory words once the kernel's data is loaded, before its
 first run (``docs/faults.md``): ``sram:X,Y,ADDR,BIT[,BIT...]`` flips code-word
 bits (0..31 data, 32..38 check bits) of one word (``sram@CYCLE:...`` arms
 the flip for the first cycle of the run at or after ``CYCLE`` in which the PE
-runs no task), ``random:N,SEED`` one random
+runs no task and starts none), ``random:N,SEED`` one random
 bit in each of ``N`` random non-zero words (the program and its data),
 ``dead:X,Y`` kills a PE and ``dead:X,Y,PORT`` the link leaving router
 ``(X, Y)`` through ``PORT`` (golden model and RTL backends), and

@@ -25,7 +25,7 @@ import numpy as np
 
 from wse.config import FabricConfig, Port, UsageError
 from wse.hdl.link_ecc import LINK_REGS, PORT_STRIDE
-from wse.hdl.pe_ecc import ECC_ADDRS
+from wse.hdl.pe_ecc import ECC_ADDRS, SCRUB_SLOTS
 from wse.hdl.router import encode_route, decode_route
 from wse.hdl.wavelet import COUNTER_NAMES, HostSpace
 from wse.sim.golden import FabricHang, ProgramFault, ecc
@@ -301,6 +301,8 @@ class RtlFabric(HostArgs, abc.ABC):
         is then still running: :meth:`reset` it (or make a new device)."""
         self._check_usable()
         limit = _DEFAULT_LIMIT if max_cycles is None else int(max_cycles)
+        if self._faulty:    # every PE's pending scrubs drain before the run (hdl/pe_ecc.py)
+            self._write(HostSpace.CTRL, [ECC_ADDRS["flip_data"]] * (SCRUB_SLOTS + 1), 0, bcast=True)
         status, cycles = self._execute(limit, PROGRESS_WINDOW)
         self._launched = {cell: tasks for cell, tasks in self._launched.items() if self._dead.get(cell, 0) & _DEAD_PE}
         self._dirty[:] = True  # programs may have written anywhere
@@ -375,12 +377,12 @@ class RtlFabric(HostArgs, abc.ABC):
     # ------------------------------------------------------------------ memory ECC and injection
     def inject(self, x: int, y: int, addr: int, bits: Iterable[int], cycle: int | None = None) -> None:
         """Flip code-word bits ``bits`` (0..31 data, 32..38 check bits) of the
-        data-memory word at ``addr`` of PE ``(x, y)`` as stored: two host-bus
+        data-memory word at ``addr`` of PE ``(x, y)`` as stored: host-bus
         writes (the data mask, then the address and check mask), which the PE
         turns into a read and a write of the raw code word
         (``docs/architecture.md`` section 4.7). With ``cycle``, a write of
         ``flip_at`` first arms the flip for the first cycle of a run at or
-        after ``cycle`` in which the PE runs no task."""
+        after ``cycle`` in which the PE runs no task and starts none."""
         self._tile(x, y)
         self._check_span("inject", addr, 1)
         data, check = ecc.flip_masks(ecc.flip_bits(bits))
@@ -388,8 +390,10 @@ class RtlFabric(HostArgs, abc.ABC):
             if isinstance(cycle, bool) or not isinstance(cycle, (int, np.integer)) or cycle < 0:
                 raise UsageError(f"inject: the cycle of a memory flip must be an integer >= 0, not {cycle!r}")
             self._write(HostSpace.CTRL, [ECC_ADDRS["flip_at"]], int(cycle), x, y)
-        self._write(HostSpace.CTRL, [ECC_ADDRS["flip_data"]], data, x, y)
-        self._write(HostSpace.CTRL, [ECC_ADDRS["flip"]], int(addr) | check << 16, x, y)
+        # The flip is written in the PE's next cycle, through the memory's one write port: a harmless write
+        # of flip_data again keeps a host SRAM write off that cycle.
+        self._write(HostSpace.CTRL, [ECC_ADDRS["flip_data"], ECC_ADDRS["flip"], ECC_ADDRS["flip_data"]],
+                    [data, int(addr) | check << 16, data], x, y)
         self._dirty[y * self.width + x, addr] = True
         self._faulty.add((x, y))
 

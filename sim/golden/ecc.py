@@ -29,6 +29,23 @@ flip is counted once); a double flip counts ``ecc["detected"]`` and raises
 :class:`EccError`, naming the PE, the address, the stored bits and the
 syndrome. A write replaces the code word, so a flip that is overwritten
 before it is read is never seen, as in hardware.
+
+**Pending scrubs.** The RTL memory has one write port, so a scrub waits in
+one of :data:`SCRUB_SLOTS` slots until a cycle without a task
+(``docs/architecture.md`` section 4.7); reads see the slot's word, so the
+model scrubs at once and keeps only the slots' addresses (``pe.scrub``) to
+know when they are all taken. While a task runs, a correction takes the
+lowest free slot; with none free its write-back is dropped: the word stays
+flipped (still suspect) and the read gets its corrected data, so its next
+read counts it again. A write of an address (the PE's, the host's, a flip)
+frees its slot; :func:`scrub_drain` frees one slot per cycle without a task
+(the PE calls it before each task selection and when an armed flip lands,
+whose write cycle frees none). The order of the reads decides which words
+get slots, so a PE with suspect words or taken slots reads as the RTL does:
+the words of one cycle in one read call (:class:`EccMemory`, a word named
+twice counting once), a vector element by element. Between runs (the host's
+reads) the RTL buffer never fills, so the model scrubs without slots; a run
+starts with every slot free (:func:`scrub_reset`).
 """
 
 from __future__ import annotations
@@ -39,8 +56,8 @@ from wse.config import UsageError
 
 from .errors import ProgramFault
 
-__all__ = ["CODE_BITS", "CHECK_BITS", "DATA_BITS", "POSITIONS", "EccError", "EccMemory", "decode", "encode",
-           "inject", "pending", "flip_bits", "flip_masks", "report",
+__all__ = ["CODE_BITS", "CHECK_BITS", "DATA_BITS", "POSITIONS", "SCRUB_SLOTS", "EccError", "EccMemory", "decode",
+           "encode", "inject", "pending", "scrub_reset", "scrub_drain", "flip_bits", "flip_masks", "report",
            "WAVELET_BITS", "LINK_CODE_BITS", "WAVELET_POSITIONS", "LinkEccError", "wavelet_check", "wavelet_decode",
            "link_flip_bits", "link_masks", "link_target", "link_report"]
 
@@ -57,6 +74,8 @@ _DATA_AT = np.full(64, -1, dtype=np.int64)
 _DATA_AT[POSITIONS] = np.arange(DATA_BITS)
 
 OK, CORRECTED, DETECTED = 0, 1, 2
+#: Entries of the pending-scrub buffer (the RTL's ``wse.hdl.pe_ecc.SCRUB_SLOTS``).
+SCRUB_SLOTS = 4
 
 
 def _parity(x: np.ndarray) -> np.ndarray:
@@ -132,9 +151,11 @@ class EccError(ProgramFault):
 
 
 class EccMemory(np.ndarray):
-    """A PE's data memory while some of its words hold injected faults: a
-    view of the PE's array whose reads go through the decoder for the
-    suspect words and whose writes forget them (see the module docstring)."""
+    """A PE's data memory while some of its words hold injected faults (or
+    scrubs are pending): a view of the PE's array whose reads go through the
+    decoder for the suspect words and whose writes forget them and cancel
+    their pending scrubs (see the module docstring). One read call is one
+    cycle's reads: a word it names twice counts once."""
 
     pe = None
 
@@ -146,33 +167,53 @@ class EccMemory(np.ndarray):
         plain = self.view(np.ndarray)
         if pe is not None and pe.ecc_check:
             addrs = np.arange(len(plain))[index]
-            suspect = [a for a in np.atleast_1d(addrs).tolist() if a in pe.ecc_check]
+            suspect = list(dict.fromkeys(a for a in np.atleast_1d(addrs).tolist() if a in pe.ecc_check))
             if suspect:
-                _correct(pe, plain, suspect)
+                kept = _correct(pe, plain, suspect)
+                if kept:                   # corrected for this read, still flipped in memory
+                    out = plain[index]
+                    if np.ndim(out) == 0:
+                        return np.uint32(kept[int(addrs)])
+                    out = out.copy()
+                    for a, value in kept.items():
+                        out[addrs == a] = value
+                    return out
         return plain[index]
 
     def __setitem__(self, index, value) -> None:
         pe = self.pe
         plain = self.view(np.ndarray)
         plain[index] = value
-        if pe is not None and pe.ecc_check:
+        if pe is not None and (pe.ecc_check or any(s is not None for s in pe.scrub)):
             for a in np.atleast_1d(np.arange(len(plain))[index]).tolist():
                 pe.ecc_check.pop(a, None)
+                _cancel(pe, a)
             _detach_if_clean(pe)
 
 
+def _cancel(pe, addr: int) -> None:
+    """A write of ``addr`` empties its pending-scrub slot."""
+    if addr in pe.scrub:
+        pe.scrub[pe.scrub.index(addr)] = None
+
+
 def _detach_if_clean(pe) -> None:
-    if not pe.ecc_check and isinstance(pe.mem, EccMemory):
+    if not pe.ecc_check and isinstance(pe.mem, EccMemory) and all(s is None for s in pe.scrub):
         pe.mem = pe.mem.view(np.ndarray)
 
 
-def _correct(pe, plain: np.ndarray, addrs: list[int]) -> None:
-    """Decode the suspect words ``addrs`` of ``pe``: correct and scrub single
-    flips, raise :class:`EccError` on the first uncorrectable word."""
+def _correct(pe, plain: np.ndarray, addrs: list[int]) -> dict[int, int]:
+    """Decode the distinct suspect words ``addrs`` of ``pe`` (one cycle's
+    reads, in read-port order): correct, count and scrub single flips, raise
+    :class:`EccError` on the first uncorrectable word. While a task runs a
+    scrub takes the lowest free pending-scrub slot; with none free its
+    write-back is dropped: the word stays flipped and its corrected data is
+    returned in ``{address: data}`` for this read only."""
     a = np.array(addrs, dtype=np.int64)
     stored_d = plain[a].copy()
     stored_c = np.array([pe.ecc_check[x] for x in addrs], dtype=np.uint32)
     d, _, status, syndrome = decode(stored_d, stored_c)
+    kept = {}
     for k, addr in enumerate(addrs):
         if status[k] == DETECTED:
             pe.ecc["detected"] += 1
@@ -180,15 +221,49 @@ def _correct(pe, plain: np.ndarray, addrs: list[int]) -> None:
             raise EccError(report(where, addr, int(stored_d[k]), int(stored_c[k]), int(syndrome[k])))
         if status[k] == CORRECTED:
             pe.ecc["corrected"] += 1
+            if pe.running:
+                if None not in pe.scrub:
+                    kept[addr] = int(d[k])
+                    continue
+                pe.scrub[pe.scrub.index(None)] = addr
         plain[addr] = d[k]                 # the scrubbed word: a valid code word again
         del pe.ecc_check[addr]
+    _detach_if_clean(pe)
+    return kept
+
+
+def scrub_reset(pe) -> None:
+    """A run starts with every pending-scrub slot free (the devices drain them before)."""
+    pe.scrub = [None] * SCRUB_SLOTS
+    pe.scrub_from = 0          # the first cycle without a task whose drain is not yet applied
+    pe.scrub_skip = None       # the cycle in which an armed flip's write took the port
+    if getattr(pe, "ecc_check", None) is not None:
+        _detach_if_clean(pe)
+
+
+def scrub_drain(pe, last: int) -> None:
+    """Apply the drains of the cycles ``pe.scrub_from .. last`` (no task ran
+    in them): each empties the lowest pending slot, except in the cycle of an
+    armed flip's write."""
+    first = pe.scrub_from
+    if last < first:
+        return
+    cycles = last - first + 1 - (pe.scrub_skip is not None and first <= pe.scrub_skip <= last)
+    for _ in range(cycles):
+        busy = [j for j, s in enumerate(pe.scrub) if s is not None]
+        if not busy:
+            break
+        pe.scrub[busy[0]] = None
+    pe.scrub_from = last + 1
     _detach_if_clean(pe)
 
 
 def inject(pe, addr: int, bits) -> None:
     """Flip code-word bits ``bits`` (0..31 data, 32..38 check bits) of the
-    word at ``addr`` of ``pe``, as stored; the next read decodes it."""
+    word at ``addr`` of ``pe``, as stored; the next read decodes it. The
+    flip's write empties the word's pending-scrub slot."""
     plain = pe.mem.view(np.ndarray)
+    _cancel(pe, addr)
     check = pe.ecc_check.get(addr)
     if check is None:
         check = int(encode(plain[addr]))

@@ -176,8 +176,8 @@ class Fabric(HostArgs):
         with :class:`~wse.sim.golden.ecc.EccError`; a write first forgets them.
 
         With ``cycle`` the flip is armed instead: it lands in the first cycle
-        of a run at or after ``cycle`` in which the PE runs no task (a flip
-        during a task waits for the task's end; one armed flip per PE, arming
+        of a run at or after ``cycle`` in which the PE runs no task and
+        starts none (a flip during a task waits for the task's end; one armed flip per PE, arming
         again replaces it; ``docs/architecture.md`` section 4.7)."""
         pe = self.pe(x, y)
         self._check_span("inject", addr, 1)

@@ -19,7 +19,7 @@ from wse.firmware.asm import format_instruction
 from wse.firmware.isa import DsdKind
 
 from wse import numerics as fp
-from . import pe_indexed
+from . import ecc, pe_indexed
 from .decode import ELEMENT, FMAC_OPS, K_EXIT, K_INDEXED, K_SCALAR, K_SEND, K_VECTOR, M32, VECTOR, compile_program
 from .errors import ProgramFault
 from .events import pe_stall_begin, pe_stall_end
@@ -76,6 +76,8 @@ class PE:
         self.instr_start = None  # cycle the current fabric instruction started (for stalls)
         self.inflight_due = -1   # cycle at whose end a vector element is pushed to tx
         self.stall_at = None     # (cycle, cause) of the stall in progress, while recording
+        self.idle_since = 0      # the first cycle of the stretch without a task
+        ecc.scrub_reset(self)    # pending scrubs (wse.sim.golden.ecc): none at a run's start
 
     # Program -------------------------------------------------------------
     def load(self, program, compiled: list) -> None:
@@ -142,12 +144,16 @@ class PE:
         fab = self.fabric
         self.wait = None
         if not self.running:
-            if self.timed_flip is not None and t >= self.timed_flip[0]:
-                self.land_timed_flip()
             task = self.ready_task()
+            if self.timed_flip is not None and t >= self.timed_flip[0]:
+                at = max(self.timed_flip[0], self.idle_since)   # never in a cycle that starts a task
+                if at < t or task is None:
+                    self.land_timed_flip(at)
             if task is None:
                 self.wait = ("idle",)
                 return
+            if type(self.mem) is not np.ndarray:
+                ecc.scrub_drain(self, t)       # pending scrubs drain in the cycles without a task
             if self.bound[task] and task < self.ncolors and self.rx[task]:
                 data, ctrl = self.rx[task][0]
                 fab.rx_pops.append((self, task))
@@ -170,14 +176,17 @@ class PE:
         else:
             self.run(t, t)
 
-    def land_timed_flip(self) -> None:
+    def land_timed_flip(self, at: int | None = None) -> None:
         """Apply the memory flip armed at a run cycle (:meth:`Fabric.inject
         <wse.sim.golden.fabric.Fabric.inject>` with ``cycle``): the PE runs no
-        task at or after that cycle, and nothing has read its memory since."""
-        from .ecc import inject
+        task at or after that cycle, and nothing has read its memory since.
+        ``at``: the cycle it lands in (its write takes the port in the next)."""
         _, addr, bits = self.timed_flip
         self.timed_flip = None
-        inject(self, addr, bits)
+        if at is not None and type(self.mem) is not np.ndarray:
+            ecc.scrub_drain(self, at)
+            self.scrub_skip = at + 1
+        ecc.inject(self, addr, bits)
 
     def run(self, time: int, now: int) -> None:
         """Execute from cycle ``time`` (>= ``now``, the global cycle) until an
@@ -211,6 +220,7 @@ class PE:
                 if self.rec is not None:
                     self.rec.append(("task", self.task_start, time + 1, self.task))
                 self.running, self.task = False, None
+                self.idle_since = self.scrub_from = time + 1
                 fab.schedule(self, time + 1)
                 return
             if kind == K_VECTOR and not self._touches_fabric(payload, ins):
@@ -341,7 +351,12 @@ class PE:
             self._fmacw_chunk(dst, srcs, 0, n, None)
             return n
         src_idx = [self._addresses(s, n) for s in srcs]
+        checked = type(mem) is not np.ndarray     # ECC: each element's words read together, in order
         if dst is None:
+            if checked:
+                cols = np.array([mem[np.array([s[1] + i * s[3] for s in srcs])] for i in range(n)], dtype=np.uint32)
+                src_idx = list(range(len(srcs)))
+                mem = cols.T
             a = mem[src_idx[0]]
             rd = f["rd"]
             if name == "dot":
@@ -352,13 +367,11 @@ class PE:
                 self.regs[rd] = acc
             return n
         dst_idx = self._addresses(dst, n)
-        if self._needs_sequential(dst, srcs, n):
+        if checked or self._needs_sequential(dst, srcs, n):
             element = ELEMENT[name]
-            da, db = srcs[0], srcs[1] if len(srcs) > 1 else None
             for i in range(n):
-                a = int(mem[da[1] + i * da[3]])
-                b = int(mem[db[1] + i * db[3]]) if db is not None else 0
-                mem[dst[1] + i * dst[3]] = element(a, b, scalar)
+                words = mem[np.array([s[1] + i * s[3] for s in srcs])].tolist()
+                mem[dst[1] + i * dst[3]] = element(words[0], words[1] if len(words) > 1 else 0, scalar)
             return n
         a = mem[src_idx[0]]
         b = mem[src_idx[1]] if len(src_idx) > 1 else None
@@ -428,6 +441,15 @@ class PE:
         if start == 0 and weight is None:
             self._fmacw_check(dst, srcs, stop)
         mem = self.mem
+        if type(mem) is not np.ndarray:      # ECC: element order, words read as the RTL's ports do
+            from_memory = weight is None
+            for i in range(start, stop):
+                d, a = dst[1] + (i % ld) * dst[3], da[1] + (i % la) * da[3]
+                first = from_memory and i % period == 0
+                words = mem[np.array([a, d, db[1] + i // period * db[3]] if first else [a, d])].tolist()
+                weight = words[2] if first else weight
+                mem[d] = fp.add(words[1], fp.mul(words[0], weight))
+            return
         i = start
         while i < stop:
             k = i // period
@@ -494,6 +516,10 @@ class PE:
         if self.stall_at is not None:
             pe_stall_end(self, t)
         values = []
+        words = None
+        if type(self.mem) is not np.ndarray:    # ECC: the element's memory words read together
+            addrs = [s[1] + i * s[3] for s in srcs if s[0] != DsdKind.FABIN]
+            words = iter(self.mem[np.array(addrs, dtype=np.int64)].tolist())
         for s in srcs:
             if s[0] == DsdKind.FABIN:
                 values.append(self.rx[s[1]][0][0])
@@ -501,7 +527,7 @@ class PE:
                 if self.trace is not None:
                     self.trace.append(f"{t:8d} recv  color {s[1]} data {values[-1]:#010x}")
             else:
-                values.append(int(self.mem[s[1] + i * s[3]]))
+                values.append(next(words) if words is not None else int(self.mem[s[1] + i * s[3]]))
         name = ins.name
         if dst is None:
             product = fp.mul(values[0], values[1]) if name == "dot" else values[0]

@@ -114,6 +114,7 @@ constexpr int kDy[kMeshPorts] = {-1, 0, 1, 0};
 constexpr uint32_t kRouteSpace = 3;
 constexpr uint32_t kLinkSpace = 5;  // link ECC registers (hdl/link_ecc.py), address port * 8 + register
 constexpr uint32_t kCtrlSpace = 4;
+constexpr uint32_t kFlipAddr = 13;    // CTRL: flips a memory word (ECC_ADDRS["flip"]); its scrubs drain in idle cycles
 constexpr uint32_t kFlipAtAddr = 14;  // CTRL: arms a memory flip at a run cycle (wse.hdl.pe_ecc.ECC_ADDRS["flip_at"])
 constexpr double kMainShare = 0.9;  // the calling thread's part of an even share of the tiles
 
@@ -185,7 +186,7 @@ struct Tile {
     bool cycle_progress;        // something moved or worked in this cycle
     LinkEnd link_in[kMeshPorts];  // the links entering by N, E, S, W (link_ecc.h)
     bool link_fault = false;    // some link_in latched an uncorrectable wavelet
-    bool flip_armed = false;    // a memory flip was armed at a run cycle: the PE is evaluated every cycle
+    bool flip_armed = false;    // a memory flip was injected or armed: the PE is evaluated every cycle
     uint8_t dead = 0;           // the DEAD space: bit p port p dead, bit 4 the PE (dead_parts.h)
 };
 
@@ -311,7 +312,7 @@ class Mesh {
                     }
                 } else {
                     Vwse_pe* pe = t.pe.get();
-                    if (we && space == kCtrlSpace && addr == kFlipAtAddr) t.flip_armed = true;
+                    if (we && space == kCtrlSpace && (addr == kFlipAtAddr || addr == kFlipAddr)) t.flip_armed = true;
                     pe->host_stb = 1;
                     pe->host_sel = 1;
                     pe->host_we = we;
