@@ -5,7 +5,7 @@ The rules follow ``docs/architecture.md`` sections 3, 4 and 6 and the golden
 model to the cycle. Every decision of a cycle is taken from the state at its
 start and applied at its end, in this order:
 
-1. router grants (:func:`_grant_routers`): a router scans its colors in
+1. router grants (:func:`_grant_router`): a router scans its colors in
    rotating priority (from ``t mod colors``) and forwards a color's head when
    none of its output ports is taken yet this cycle and every target has room
    (atomic multicast: a neighbour router whose route takes that color from
@@ -13,7 +13,8 @@ start and applied at its end, in this order:
 2. edge injections (:func:`_grant_injections`): an edge port with wavelets
    left sends one, of the first color in the same rotation that its boundary
    router routes from it and has room for;
-3. output-queue moves (:func:`_grant_tx_moves`): the head of a PE's output
+3. output-queue moves (:func:`_grant_tx_move`, in step 1's pass over the
+   routers, :func:`_grant_routers`): the head of a PE's output
    queue enters its router when the router routes that color from the ramp
    and has room;
 4. the PEs' instruction streams (:func:`_step_pes`): a PE goes on through
@@ -51,7 +52,7 @@ from wse.config import Port
 from wse.firmware.training.timing import BUSY, END, RECV
 
 from .network import TO_EDGE, TO_PE, TO_ROUTER, Network, Routes
-from .replay_routes import _MASK, _N, _NEVER, _TARGETS, _UP, _UP_AT, pack_routes  # noqa: F401 (the engines')
+from .replay_routes import _MASK, _N, _NEVER, _RAMP_IN, _TARGETS, _UP, _UP_AT, pack_routes  # noqa: F401 (the engines')
 from .replay_state import (  # noqa: F401 (the replay's state, known here by the engines and tests)
     _OUT_OF_TIME, _DEADLOCK, _GRANT, _INJECT, _TX_MOVE, _POP, _ISSUE, _WRITE, _EVENT_KINDS, EdgePorts, Queues,
     Cores, Events, _record, _new_state, _T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS,
@@ -69,7 +70,12 @@ _RAMP = int(Port.RAMP)
 # _push_fifo, _ready). A small function called per PE that returns
 # from several places while it holds arrays (or calls min/max) makes numba
 # count references on every call and the replay several times slower: the
-# PE's instruction stream is therefore one loop, _step_pes.
+# PE's instruction stream is therefore one loop, _step_pes (as an inline helper
+# with one return, called from the routers' pass, it still made step 4 ten times
+# slower; written out in that pass it saved nothing measurable). A router's
+# grants (_grant_router) and its output queue's move (_grant_tx_move) are such
+# helpers at no cost. Taking the grants without branches (every color's event
+# written, the count moved on by the decision) was slower than the branches.
 
 @njit(cache=True, inline="always")
 def _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
@@ -111,35 +117,50 @@ def _low_color(rotated, first_color, colors):
 
 @njit(cache=True)
 def _grant_routers(routes, rows, index, queues, first_color, events):
-    """Step 1: each router's grants, colors in rotating priority from ``first_color``
-    (``rows``, ``index``: :func:`pack_routes`).
-
-    Returns the conflicts: colors that could go but were held back by a
-    color granted before them on a shared port (with none, the grants do not
-    depend on the rotation)."""
+    """Steps 1 and 3 in one pass over the routers (:func:`_grant_router`,
+    :func:`_grant_tx_move`): both decide from the start-of-cycle queues, which
+    neither changes, and each kind's events keep router order, so the events
+    are those of two passes; a router's FIFOs, route rows and output queue are
+    read together. Returns the conflicts of step 1."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
+    tx_colors, tx_head, tx_count = queues.tx_colors, queues.tx_head, queues.tx_count
     router_depth, rx_depth = routes.router_depth, routes.rx_depth
     routers, colors = router_fifo.shape
     conflicts = 0
     for r in range(routers):
-        if busy_fifos[r] == 0:
+        if busy_fifos[r] != 0:
+            conflicts += _grant_router(rows, index, router_fifo, busy_fifos[r], rx, router_depth, rx_depth, events,
+                                       r, first_color, colors)
+        if tx_count[r] > 0:
+            _grant_tx_move(rows, index, router_fifo, router_depth, tx_colors, tx_head, events, r)
+    return conflicts
+
+
+@njit(cache=True, inline="always")
+def _grant_router(rows, index, router_fifo, busy, rx, router_depth, rx_depth, events, r, first_color, colors):
+    """Step 1 for router ``r`` with the non-empty FIFOs ``busy``: its grants, colors in rotating
+    priority from ``first_color`` (``rows``, ``index``: :func:`pack_routes`).
+
+    Returns the conflicts: colors that could go but were held back by a
+    color granted before them on a shared port (with none, the grants do not
+    depend on the rotation)."""
+    conflicts = 0
+    ports_used = 0
+    rotated = _rotated_colors(busy, first_color, colors)
+    while rotated != 0:
+        c = _low_color(rotated, first_color, colors)
+        rotated &= rotated - 1
+        row = index[r, c]
+        mask = rows[row, _MASK]
+        if mask == 0:
             continue
-        ports_used = 0
-        rotated = _rotated_colors(busy_fifos[r], first_color, colors)
-        while rotated != 0:
-            c = _low_color(rotated, first_color, colors)
-            rotated &= rotated - 1
-            row = index[r, c]
-            mask = rows[row, _MASK]
-            if mask == 0:
-                continue
-            if (mask & ports_used) != 0:
-                if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
-                    conflicts += 1
-                continue
+        if (mask & ports_used) != 0:
             if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
-                ports_used |= mask
-                _record(events, _GRANT, r, c)
+                conflicts += 1
+            continue
+        if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
+            ports_used |= mask
+            _record(events, _GRANT, r, c)
     return conflicts
 
 
@@ -169,17 +190,13 @@ def _grant_injections(routes, queues, ports, first_color, events):
     return conflicts
 
 
-@njit(cache=True)
-def _grant_tx_moves(routes, queues, events):
-    """Step 3: the head of each PE's output queue enters its router if the router
-    routes its color from the ramp and has room."""
-    input_port, router_fifo = routes.input_port, queues.router_fifo
-    tx_colors, tx_head, tx_count = queues.tx_colors, queues.tx_head, queues.tx_count
-    for pe in range(tx_count.shape[0]):
-        if tx_count[pe] > 0:
-            c = tx_colors[pe, tx_head[pe]]
-            if input_port[pe, c] == _RAMP and router_fifo[pe, c] < routes.router_depth:
-                _record(events, _TX_MOVE, pe, c)
+@njit(cache=True, inline="always")
+def _grant_tx_move(rows, index, router_fifo, router_depth, tx_colors, tx_head, events, pe):
+    """Step 3 for PE ``pe``, whose output queue is not empty: its head enters the router if the
+    router routes its color from the ramp (the packed row's ``_RAMP_IN``) and has room."""
+    c = tx_colors[pe, tx_head[pe]]
+    if rows[index[pe, c], _RAMP_IN] != 0 and router_fifo[pe, c] < router_depth:
+        _record(events, _TX_MOVE, pe, c)
 
 
 @njit(cache=True)
@@ -433,7 +450,6 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
         count[:_WRITE] = 0
         scalars[_CONFLICTS] += _grant_routers(routes, rows, index, queues, first_color, events) + \
             _grant_injections(routes, queues, ports, first_color, events)
-        _grant_tx_moves(routes, queues, events)
         progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t)
         running -= finished
         if last_exit > last:

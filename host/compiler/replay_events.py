@@ -45,8 +45,8 @@ from wse.firmware.timing_ops import BUSY, END, RECV
 
 from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _DEADLOCK, _FIFOS, _FINISHED, _GRANT, _INJECT, _ISSUE, _LAST, _OUT_OF_TIME, _POP,
-                     _MASK, _N, _NO_WAKE, _RAMP, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP, _UP_AT,
-                     _WRITE, _grant_injections, _low_color, _ready, _rotated_colors, pack_routes)
+                     _N, _NO_WAKE, _RAMP_IN, _RUNNING, _SEEN_PC, _STOPPED, _T, _TARGETS, _TO_INJECT, _TX, _TX_MOVE, _UP, _UP_AT,
+                     _WRITE, _grant_injections, _grant_router, pack_routes)
 
 __all__ = ["run_events"]
 
@@ -128,9 +128,10 @@ def _push(router_fifo, busy_fifos, r, c):
 def _new_wakes(queues, cores, t):
     """Everyone awake at cycle ``t``: routers with wavelets, output queues with wavelets, every PE not done."""
     n = queues.busy_fifos.shape[0]
-    wakes = Wakes(np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.bool_), np.empty(n, np.int64),
-                  np.empty(n, np.int64), np.zeros(n, np.bool_), np.zeros(4, np.int64), np.full(_WHEEL, -1, np.int64),
-                  np.full(n, -1, np.int64), np.zeros(n, np.bool_), np.zeros(n, np.bool_))
+    # Router and PE numbers in int32 (< 2**31): the lists are read and written every cycle.
+    wakes = Wakes(np.empty(n, np.int32), np.empty(n, np.int32), np.zeros(n, np.bool_), np.empty(n, np.int32),
+                  np.empty(n, np.int32), np.zeros(n, np.bool_), np.zeros(4, np.int64), np.full(_WHEEL, -1, np.int32),
+                  np.full(n, -1, np.int32), np.zeros(n, np.bool_), np.zeros(n, np.bool_))
     counts = wakes.counts
     for x in range(n):
         if queues.busy_fifos[x] > 0:
@@ -162,45 +163,29 @@ def _turn(wakes):
 
 @njit(cache=True)
 def _grant_woken(routes, rows, index, queues, wakes, first_color, events):
-    """Step 1 for the woken routers (:func:`.replay._grant_routers`'s rule); returns the conflicts."""
+    """Step 1 for the woken routers (:func:`.replay._grant_router`); returns the conflicts."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
     router_depth, rx_depth = routes.router_depth, routes.rx_depth
-    count, whos, cols = events.count, events.who, events.color
     colors = router_fifo.shape[1]
     conflicts = 0
     for i in range(wakes.counts[_ROUTERS_NOW]):
         r = wakes.router_now[i]
-        if busy_fifos[r] == 0:
-            continue
-        ports_used = 0
-        rotated = _rotated_colors(busy_fifos[r], first_color, colors)
-        while rotated != 0:       # the non-empty FIFOs in rotating priority
-            c = _low_color(rotated, first_color, colors)
-            rotated &= rotated - 1
-            row = index[r, c]
-            mask = rows[row, _MASK]
-            if mask == 0:
-                continue
-            if (mask & ports_used) != 0:
-                if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
-                    conflicts += 1
-                continue
-            if _ready(rows, row, router_fifo, rx, router_depth, rx_depth, r, c):
-                ports_used |= mask
-                _rec(count, whos, cols, _GRANT, r, c)
+        if busy_fifos[r] != 0:
+            conflicts += _grant_router(rows, index, router_fifo, busy_fifos[r], rx, router_depth, rx_depth, events,
+                                       r, first_color, colors)
     return conflicts
 
 
 @njit(cache=True)
-def _move_woken_tx(routes, queues, wakes, events):
-    """Step 3 for the woken output queues (:func:`.replay._grant_tx_moves`'s rule)."""
-    input_port, router_fifo = routes.input_port, queues.router_fifo
+def _move_woken_tx(routes, rows, index, queues, wakes, events):
+    """Step 3 for the woken output queues (:func:`.replay._grant_tx_move`'s rule, from the packed rows)."""
+    router_fifo = queues.router_fifo
     tx_colors, tx_head, tx_count = queues.tx_colors, queues.tx_head, queues.tx_count
     for i in range(wakes.counts[_TX_NOW]):
         pe = wakes.tx_now[i]
         if tx_count[pe] > 0:
             c = tx_colors[pe, tx_head[pe]]
-            if input_port[pe, c] == _RAMP and router_fifo[pe, c] < routes.router_depth:
+            if rows[index[pe, c], _RAMP_IN] != 0 and router_fifo[pe, c] < routes.router_depth:
                 _rec(events.count, events.who, events.color, _TX_MOVE, pe, c)
 
 
@@ -431,7 +416,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
         _turn(wakes)
         scalars[_CONFLICTS] += _grant_woken(routes, rows, index, queues, wakes, first_color, events) + \
             _grant_injections(routes, queues, ports, first_color, events)
-        _move_woken_tx(routes, queues, wakes, events)
+        _move_woken_tx(routes, rows, index, queues, wakes, events)
         progressed, finished, last_exit = _step_due(ops, cores, queues, wakes, tx_depth, events, t)
         running -= finished
         if last_exit > last:

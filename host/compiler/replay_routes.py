@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from wse.config import Port
+
 from .network import TO_PE, TO_ROUTER, Routes
 
 __all__ = ["pack_routes"]
@@ -13,6 +15,8 @@ __all__ = ["pack_routes"]
 # Fields of a packed route row (pack_routes); a target kind that can never accept (beside network.TO_*).
 _N, _MASK, _UP, _UP_AT, _TARGETS = 0, 1, 2, 3, 4
 _NEVER = 3
+# The last field of a row (after at most five target pairs): 1 if the route takes its color from the ramp.
+_RAMP_IN = 15
 
 
 def pack_routes(routes: Routes, upstream: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -22,8 +26,10 @@ def pack_routes(routes: Routes, upstream: np.ndarray | None = None) -> tuple[np.
     output ports, ``_UP`` where it takes its wavelets from (-2 the edge or no
     route, -1 the ramp, 0 the neighbour router ``r + row[_UP_AT]``; -2 unless
     ``upstream``, :meth:`.network.Network.upstream`, is given: :mod:`.replay_events`
-    reads it), and from ``_TARGETS`` a (kind, offset) pair per target (the
-    router or PE ``r + offset``; 0 for the edge). Targets are relative to the
+    reads it), from ``_TARGETS`` a (kind, offset) pair per target (the
+    router or PE ``r + offset``; 0 for the edge), and ``_RAMP_IN`` 1 if the route
+    takes the color from the ramp (an output queue's head may enter: the engines
+    read it beside the targets instead of the int64 ``Routes.input_port``). Targets are relative to the
     router, so the routers of one class share their rows: the rows are
     distinct, and a router's 16 colors' row numbers (int16 where they fit) take
     one cache line instead of 16 rows (1 KiB). A neighbour router whose route
@@ -34,6 +40,7 @@ def pack_routes(routes: Routes, upstream: np.ndarray | None = None) -> tuple[np.
     table[:, :, _N] = routes.n_targets
     table[:, :, _MASK] = routes.output_mask
     table[:, :, _UP] = -2
+    table[:, :, _RAMP_IN] = routes.input_port == int(Port.RAMP)
     here = np.arange(routers, dtype=np.int64)
     if upstream is not None:
         table[:, :, _UP] = np.where(upstream >= 0, 0, upstream)

@@ -105,16 +105,21 @@ def _new_state(routes, ports, starts):
     # Queue counts as int8 (FabricConfig keeps every depth in 1..64, and no queue holds more than its
     # depth): the replay's time goes to memory, and a router's FIFOs and input queues then take a
     # quarter of a cache line each (twice the speed of int32 on 128x128).
+    # The rest as narrow as its values provably are, for the same reason: a color (< 32) and an
+    # output queue's head and count (< tx_depth <= 64) in int8, the mask of non-empty FIFOs in
+    # int32 while it has no sign bit to set (colors <= 31), an element index (< a vector's length,
+    # an int32 op field) and an event's router, port or PE (< 2**31) in int32. Op rows and cycle
+    # numbers (up to the 2**40 limit) stay int64.
     counts = np.zeros((routers, colors), dtype=QUEUE_COUNTS)
-    queues = Queues(counts, np.zeros(routers, dtype=np.int64), counts.copy(),
-                    np.zeros((routers, routes.tx_depth), dtype=np.int64), np.zeros(routers, dtype=np.int64),
-                    np.zeros(routers, dtype=np.int64))
-    cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int64),
+    queues = Queues(counts, np.zeros(routers, dtype=np.int32 if colors <= 31 else np.int64), counts.copy(),
+                    np.zeros((routers, routes.tx_depth), dtype=np.int8), np.zeros(routers, dtype=QUEUE_COUNTS),
+                    np.zeros(routers, dtype=QUEUE_COUNTS))
+    cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int32),
                   np.full(routers, -1, dtype=np.int64), np.zeros(routers, dtype=np.bool_),
                   np.full(routers, -1, dtype=np.int64))
     capacity = max(routers * colors, 2 * routers, ports.router.shape[0])
-    events = Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int64),
-                    np.zeros((_EVENT_KINDS, capacity), dtype=np.int64))
+    events = Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int32),
+                    np.zeros((_EVENT_KINDS, capacity), dtype=np.int8))
     return queues, cores, events
 
 
