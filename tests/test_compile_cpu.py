@@ -8,7 +8,6 @@ proofs, messages and op lists as the work done PE by PE.
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from wse.config import FabricConfig, Port
 from wse.firmware import deadlock
@@ -19,15 +18,7 @@ from wse.firmware.training import timing
 from wse.host.compiler import codegen, route_check, trace, ws_phases
 from wse.host.compiler.cycles import phase_ops
 from wse.host.compiler.weight_streaming import plan
-
-
-def mlp(*sizes):
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from mlps import mlp
 
 
 # mesh (W, H), layer sizes, batch: non-square, one row, one column, uneven token blocks, fewer

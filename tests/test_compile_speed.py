@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from wse.config import FabricConfig, Port
 from wse.firmware.training.timing import END
@@ -20,15 +19,7 @@ from wse.host.compiler.weight_streaming import plan
 from wse.host.runtime import Runtime
 from wse.host.runtime.golden import GoldenBackend
 from wse.sim.golden import Fabric, FabricHang
-
-
-def mlp(*sizes):
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from mlps import mlp
 
 
 def _full(network, ops, starts, ends, inject):

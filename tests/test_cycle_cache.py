@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from wse.config import FabricConfig
 from wse.firmware.training.timing import END
@@ -16,15 +15,7 @@ from wse.host.compiler import compile_model, cycle_cache, cycles, trace
 from wse.host.compiler.cycles import Network, phase_injections, phase_ops
 from wse.host.compiler.replay import run_replay
 from wse.host.compiler.weight_streaming import plan
-
-
-def mlp(*sizes):
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from mlps import mlp
 
 
 def _plan(mesh=(3, 2), sizes=(6, 24, 24, 3), batch=5, **config):

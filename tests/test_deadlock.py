@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch import nn
 
 from wse.config import FabricConfig, Port, UsageError
 from wse.firmware import deadlock
@@ -20,15 +19,9 @@ from wse.host.compiler.pipelined_codegen import OnChipOptimizer
 from wse.host.compiler.weight_streaming import plan as ws_plan
 from wse.host.memoryx.optim import OptimizerConfig
 from wse.sim.runner import run
+from mlps import mlp
 
 N, E, S, W, RAMP = Port.N, Port.E, Port.S, Port.W, Port.RAMP
-
-
-def mlp(*sizes):
-    layers = []
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
 
 
 # ------------------------------------------------------------------ planted cycles

@@ -6,22 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from wse.config import FabricConfig
 from wse.host.compiler import compile_model
 from wse.host.runtime import BACKENDS, Runtime
 from wse.host.runtime.golden import GoldenBackend
 from wse.host.runtime.rtl import device_backend
-
-
-def _mlp(*sizes):
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from mlps import mlp as _mlp
 
 
 def _phases(backend_class, exe, batch):
