@@ -246,9 +246,12 @@ def ecc_logic(m, pe, ports: EccPorts, used: list, select) -> dict:
     for k, (data, corrected, detected, _) in enumerate(ports.decoded):
         # A word that an earlier port read in this cycle counts there.
         first = ~reduce(lambda a, b: a | b, [used_q[j] & (addr_q[j] == addr_q[k]) for j in range(k)], Const(0))
+        # An uncorrectable word on an earlier port stops the read there: this port's correction is not
+        # counted and takes no slot (the golden model raises at the first bad word in port order).
+        earlier_bad = reduce(lambda a, b: a | b, bad, Const(0))
         fix.append(Signal(name=f"ecc_fix{k}"))
         bad.append(Signal(name=f"ecc_bad{k}"))
-        m.d.comb += [fix[k].eq(~stopped & used_q[k] & first & corrected),
+        m.d.comb += [fix[k].eq(~stopped & used_q[k] & first & corrected & ~earlier_bad),
                      bad[k].eq(~stopped & used_q[k] & detected)]
     n_fixed = sum(fix[k] for k in range(3))
     any_bad = Signal()

@@ -204,3 +204,164 @@ def test_a_reset_keeps_the_pending_scrubs_as_it_keeps_the_memory():
     device.reset()                                      # counters zeroed, memory and pending scrubs kept
     assert device.memcpy_d2h(0, 8)[0, 0].tolist() == list(range(1, 9))
     assert not device.ecc_counters()["corrected"].any()
+
+
+# Task 0 reads a double-flipped word (an EccError); six single flips in the words after it are not read.
+AFTER_DETECT = """
+        .data
+        .org 100
+        .word 1, 2, 3, 4, 5, 6, 7, 8
+        .text
+start:
+        ld      r5, 100(r0)
+        exit
+        .task 0, start
+"""
+
+
+def test_host_reads_after_a_run_stopped_by_an_ecc_error_scrub_at_once():
+    """Slots are taken only inside a run: after a run that raised, a host read of more flipped words than
+    slots corrects and counts each once, and a second read counts nothing."""
+    from wse.sim.cosim.verilator import VerilatorFabric
+
+    devices = (Fabric(MESH), VerilatorFabric(MESH))
+    for device in devices:
+        device.load(assemble(AFTER_DETECT, filename="detect.s", config=MESH))
+        for k in range(6):
+            device.inject(0, 0, 101 + k, [k + 1])
+        device.inject(0, 0, 100, [3, 9])
+        device.launch(0)
+        with pytest.raises(ecc.EccError):
+            device.run()
+    for device in devices:
+        for _ in range(2):
+            assert device.memcpy_d2h(101, 7)[0, 0].tolist() == [2, 3, 4, 5, 6, 7, 8]
+            assert device.ecc_counters()["corrected"].tolist() == [[6, 0], [0, 0]]
+        assert device.ecc_counters()["detected"].tolist() == [[1, 0], [0, 0]]
+    messages = []
+    for device in devices:           # the host's read names the PE alone: no task runs
+        with pytest.raises(ecc.EccError) as error:
+            device.memcpy_d2h(100, 1)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1] and messages[0].startswith("PE (0, 0): uncorrectable")
+    pe = devices[0].pe(0, 0)
+    assert pe.scrub == [None] * ecc.SCRUB_SLOTS and list(ecc.pending(pe)) == [100]   # only the bad word left
+
+
+# PE (0, 0): task 0 reads A[0..3] (their scrubs take the 4 slots: fmov writes every cycle), then it idles
+# until PE (1, 0)'s wavelet, about 80 cycles later, starts task 1, which reads A[4..7]. The idle gap drains
+# the slots, so task 1's corrections find free ones.
+IDLE_GAP_0 = """
+        .data
+dA:     .dsd mem, base=100, len=4
+dB:     .dsd mem, base=104, len=4
+dC:     .dsd mem, base=300, len=4
+        .text
+first:
+        ldsd    d0, dA(r0)
+        ldsd    d2, dC(r0)
+        fmov    d2, d0
+        exit
+second:
+        ldsd    d0, dB(r0)
+        ldsd    d2, dC(r0)
+        fmov    d2, d0
+        exit
+        .task 0, first
+        .data_task 2, second
+"""
+IDLE_GAP_1 = """
+        .text
+start:
+        li      r1, 40
+loop:
+        addi    r1, r1, -1
+        bne     r1, r0, loop
+        li      r3, 7
+        send    r3, 2
+        exit
+        .task 0, start
+"""
+
+
+def test_the_idle_gap_after_a_reset_drains_the_slots():
+    """Flips injected before a device reset survive it with the memory: the PE still drains its slots in
+    cycles without a task, so every flipped word is counted once, as in a fabric that was never reset."""
+    from wse.config import Port
+    from wse.sim.cosim.verilator import VerilatorFabric
+
+    first, second = (assemble(s, filename=f"gap{k}.s", config=MESH) for k, s in enumerate((IDLE_GAP_0, IDLE_GAP_1)))
+    results = []
+    for device in (Fabric(MESH), VerilatorFabric(MESH)):
+        device.load(first, rect=(0, 0, 1, 1))
+        device.load(second, rect=(1, 0, 1, 1))
+        device.memcpy_h2d(100, np.arange(1, 9, dtype=np.uint32).reshape(1, 1, 8), rect=(0, 0, 1, 1))
+        for k in range(8):
+            device.inject(0, 0, 100 + k, [k + 1])
+        if isinstance(device, VerilatorFabric):
+            device.reset()                              # memory, flips and pending scrubs kept
+            device.load(first, rect=(0, 0, 1, 1), keep=[(100, 108)])
+            device.load(second, rect=(1, 0, 1, 1))
+        device.set_route(1, 0, 2, Port.RAMP, [Port.W])
+        device.set_route(0, 0, 2, Port.E, [Port.RAMP])
+        device.launch(0, rect=(0, 0, 2, 1))
+        cycles = device.run()
+        in_run = int(device.ecc_counters()["corrected"][0, 0])
+        words = device.memcpy_d2h(100, 8)[0, 0].tolist()
+        results.append((cycles, in_run, int(device.ecc_counters()["corrected"][0, 0]), words))
+    assert results[0] == results[1]
+    assert results[0][1:] == (8, 8, list(range(1, 9)))
+
+
+# fadd reads A[0] on port 0 and B[0] on port 1 in the same cycle.
+SAME_CYCLE = """
+        .data
+dA:     .dsd mem, base=100, len=4
+dB:     .dsd mem, base=200, len=4
+dC:     .dsd mem, base=300, len=4
+        .org 100
+        .float 1.0, 2.0, 3.0, 4.0
+        .org 200
+        .float 0.5, 0.25, 0.125, 1.5
+        .text
+start:
+        ldsd    d0, dA(r0)
+        ldsd    d1, dB(r0)
+        ldsd    d2, dC(r0)
+        fadd    d2, d0, d1
+        exit
+        .task 0, start
+"""
+
+
+@pytest.mark.parametrize("bits, corrected", [([[3, 9], [5]], 0), ([[5], [3, 9]], 1)])
+def test_an_uncorrectable_word_stops_the_corrections_of_the_later_ports(bits, corrected):
+    """An uncorrectable word stops the read at its port: a correctable word on a later port of the same
+    cycle is not counted (nor scrubbed); one on an earlier port is."""
+    from wse.sim.cosim.verilator import VerilatorFabric
+
+    devices = (Fabric(MESH), VerilatorFabric(MESH))
+    for device in devices:
+        device.load(assemble(SAME_CYCLE, filename="same.s", config=MESH))
+        device.inject(0, 0, 100, bits[0])
+        device.inject(0, 0, 200, bits[1])
+        device.launch(0)
+        with pytest.raises(ecc.EccError):
+            device.run()
+        counts = device.ecc_counters()
+        assert (int(counts["corrected"][0, 0]), int(counts["detected"][0, 0])) == (corrected, 1)
+
+
+def test_ld_to_r0_reads_and_corrects_its_word():
+    """``ld r0`` discards the word but reads it: a flipped word is corrected and counted, as in the RTL."""
+    from wse.sim.cosim.verilator import VerilatorFabric
+
+    source = AFTER_DETECT.replace("ld      r5, 100(r0)", "ld      r0, 100(r0)\n        ld      r0, 101(r0)")
+    for device in (Fabric(MESH), VerilatorFabric(MESH)):
+        device.load(assemble(source, filename="ldr0.s", config=MESH))
+        device.inject(0, 0, 100, [4])
+        device.inject(0, 0, 101, [35])
+        device.launch(0)
+        device.run()
+        assert device.ecc_counters()["corrected"].tolist() == [[2, 0], [0, 0]]
+        assert device.registers(0, 0)[0] == 0

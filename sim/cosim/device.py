@@ -413,9 +413,11 @@ class RtlFabric(HostArgs, abc.ABC):
         """Raise :class:`~wse.sim.golden.ecc.EccError` with the report that the
         first stopped PE (of ``cells``, default those with injected faults)
         latched, in the golden model's words (once: the report is cleared)."""
-        addrs = [ECC_ADDRS["where"], ECC_ADDRS["stored"], ECC_ADDRS["syndrome"]]
+        # ``where`` twice: a host read's report is latched in the cycle after its word is decoded, so the
+        # first read, right after a memcpy_d2h, may be a cycle early; the second is not.
+        addrs = [ECC_ADDRS["where"], ECC_ADDRS["where"], ECC_ADDRS["stored"], ECC_ADDRS["syndrome"]]
         for x, y in sorted(cells or self._faulty, key=lambda c: (c[1], c[0])):
-            where, stored, syndrome = (int(v) for v in self._bus(*self._requests(HostSpace.CTRL, addrs, None, x, y)))
+            _, where, stored, syndrome = (int(v) for v in self._bus(*self._requests(HostSpace.CTRL, addrs, None, x, y)))
             if where >> 31:
                 # Writing the detected counter (with its value) clears the report: it is raised once.
                 detected = self._bus(*self._requests(HostSpace.CTRL, [ECC_ADDRS["detected"]], None, x, y))

@@ -116,9 +116,9 @@ def _scalar_closure(name: str, f: dict, sram_words: int):
         return fn
     if name == "ld":
         def fn(pe):
-            addr = pe.address(pe.regs[ra] + imm)
+            word = int(pe.mem[pe.address(pe.regs[ra] + imm)])     # read (ECC-counted) even for r0
             if rd:
-                pe.regs[rd] = int(pe.mem[addr])
+                pe.regs[rd] = word
         return fn
     if name == "st":
         rs = f["rs"]

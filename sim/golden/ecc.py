@@ -44,8 +44,9 @@ whose write cycle frees none). The order of the reads decides which words
 get slots, so a PE with suspect words or taken slots reads as the RTL does:
 the words of one cycle in one read call (:class:`EccMemory`, a word named
 twice counting once), a vector element by element. Between runs (the host's
-reads) the RTL buffer never fills, so the model scrubs without slots; a run
-starts with every slot free (:func:`scrub_reset`).
+reads, also after a run that stopped with an error) the RTL buffer never
+fills, so the model scrubs without slots; a run starts with every slot free
+(:func:`scrub_reset`).
 """
 
 from __future__ import annotations
@@ -208,20 +209,23 @@ def _correct(pe, plain: np.ndarray, addrs: list[int]) -> dict[int, int]:
     :class:`EccError` on the first uncorrectable word. While a task runs a
     scrub takes the lowest free pending-scrub slot; with none free its
     write-back is dropped: the word stays flipped and its corrected data is
-    returned in ``{address: data}`` for this read only."""
+    returned in ``{address: data}`` for this read only. Outside
+    :meth:`~wse.sim.golden.Fabric.run` (the host's reads, also after a run that raised)
+    every scrub is written back at once."""
     a = np.array(addrs, dtype=np.int64)
     stored_d = plain[a].copy()
     stored_c = np.array([pe.ecc_check[x] for x in addrs], dtype=np.uint32)
     d, _, status, syndrome = decode(stored_d, stored_c)
+    in_task = pe.running and pe.fabric.in_run     # a stopped run leaves ``running`` set until the next one
     kept = {}
     for k, addr in enumerate(addrs):
         if status[k] == DETECTED:
             pe.ecc["detected"] += 1
-            where = pe.where() if pe.running else f"PE ({pe.x}, {pe.y})"
+            where = pe.where() if in_task else f"PE ({pe.x}, {pe.y})"
             raise EccError(report(where, addr, int(stored_d[k]), int(stored_c[k]), int(syndrome[k])))
         if status[k] == CORRECTED:
             pe.ecc["corrected"] += 1
-            if pe.running:
+            if in_task:
                 if None not in pe.scrub:
                     kept[addr] = int(d[k])
                     continue

@@ -55,6 +55,8 @@ class Fabric(HostArgs):
         self.cycle = 0
         self.cycle_limit = 0
         self.total_cycles = 0
+        #: True while :meth:`run` runs (a PE's corrections take pending-scrub slots only then).
+        self.in_run = False
         self._compiled_cache: dict[int, tuple] = {}
         #: The :class:`~wse.sim.golden.events.Recorder` fed by :meth:`run`, or None.
         self.recorder: Recorder | None = None
@@ -308,6 +310,13 @@ class Fabric(HostArgs):
 
         Raises :class:`FabricHang` if nothing can move before the fabric is
         idle, or after ``max_cycles`` cycles (default 50 million)."""
+        self.in_run = True
+        try:
+            return self._run(max_cycles)
+        finally:           # a run that raised (EccError, ProgramFault, FabricHang) is over too
+            self.in_run = False
+
+    def _run(self, max_cycles: int | None) -> int:
         limit = 50_000_000 if max_cycles is None else int(max_cycles)
         self.cycle_limit = limit
         pes, routers, ncolors = self.pes, self.routers, self.colors

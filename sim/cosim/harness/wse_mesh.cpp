@@ -258,7 +258,7 @@ class Mesh {
             }
             t.r_low = t.p_low = false;
             for (LinkEnd& e : t.link_in) e = LinkEnd();
-            t.link_fault = t.flip_armed = false;
+            t.link_fault = false;   // flip_armed stays: flipped words and pending scrubs survive a reset
             t.dead = 0;
             capture_router(t);
             t.pe_ready_in = t.r.rx_ready[kRamp];
