@@ -17,9 +17,11 @@ turns into the same count as the replay's own last cycles.
 **Key.** A SHA-256 over everything the replay's result depends on: every
 field of the :class:`~wse.config.FabricConfig` (the mesh, colors and queue
 depths the replay reads, and the rest, so a field it comes to read later
-cannot be missed), the route tables of the :class:`~.network.Network` (the
-packed routes the replay runs on are a function of them), the op rows, every
-PE's op range, the edge ports' injections, and :data:`VERSION`: a digest of
+cannot be missed), the in-process memo's 128-bit BLAKE2b digest of the
+replay's input arrays (:meth:`~.cycles.ReplayMemo.key`: the route tables of
+the :class:`~.network.Network`, which the packed routes the replay runs on
+are a function of, the queue depths, the op rows, every PE's op range and
+the edge ports' injections, each with its shape), and :data:`VERSION`: a digest of
 the cycle model's source text (``cycles.py``, ``network.py``, ``replay*.py``,
 this module and ``firmware/training/timing.py``), read once at import, so
 that any change to that code misses every older entry. The replay's options
@@ -113,13 +115,6 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "wse" / "cycles"
 
 
-def _update(digest, array) -> None:
-    """Feed an array to ``digest`` with its dtype and shape, so that equal bytes of another shape differ."""
-    array = np.ascontiguousarray(array)
-    digest.update(f"{array.dtype.str}{array.shape}\0".encode())
-    digest.update(array.tobytes())
-
-
 @dataclasses.dataclass
 class Tally:
     """Where this process's distinct replays came from: read from the cache (``cached``),
@@ -185,28 +180,13 @@ class CycleCache:
         self.wrote = False
         self._base = hashlib.sha256(f"wse cycle cache\0{VERSION}\0".encode())
         self._base.update(repr(sorted(dataclasses.asdict(config).items())).encode())
-        self._seen: list = []           # (array, its digest) of the last key, by position
-
-    def _array_digest(self, position: int, array) -> bytes:
-        """The SHA-256 of one input array (the route tables, the same objects in every phase
-        of a compile, are hashed once)."""
-        if position < len(self._seen) and self._seen[position][0] is array:
-            return self._seen[position][1]
-        digest = hashlib.sha256()
-        _update(digest, array)
-        entry = (array, digest.digest())
-        if position < len(self._seen):
-            self._seen[position] = entry
-        else:
-            self._seen.append(entry)
-        return entry[1]
 
     def digest(self, key: tuple) -> str:
         """The SHA-256 (hex) naming the entry of a memo ``key``: :data:`VERSION`, every
-        configuration field and the digest of each of ``key``'s input arrays."""
+        configuration field and the memo's own digest of the key's input arrays (their shapes
+        and bytes, :meth:`~.cycles.ReplayMemo.key`), so no array is hashed twice."""
         digest = self._base.copy()
-        for position, array in enumerate(key[1]):
-            digest.update(self._array_digest(position, array))
+        digest.update(key[0])
         return digest.hexdigest()
 
     @staticmethod
