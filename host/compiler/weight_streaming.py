@@ -265,13 +265,11 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
     try:            # assembled for the mesh, it fits: no second assembly to measure it
         program = training_program(config)
     except UsageError:
-        program = None
-    if program is None:
         code = len(training_program(config.replace(imem_words=65536)).code)
         if code > config.imem_words:
             raise FitError(f"the weight-streaming PE program needs {code} instruction words but imem_words is "
-                           f"{config.imem_words}")
-        program = training_program(config)
+                           f"{config.imem_words}") from None
+        raise
     masks = _check_masks(masks, layers, tokens, batch, config)
     mem = _Memory(program.data_end)
     _memory_map(mem, layers, H, tmax, max(n for col in passes for _, n in col),
