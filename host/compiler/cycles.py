@@ -71,7 +71,7 @@ def closing_cycles(ops: np.ndarray, starts, ends) -> tuple[np.ndarray, np.ndarra
     closing_p)) + 1`` (:meth:`ReplayMemo.finish`; ``C0 - 1`` is the last cycle
     with a move or an exit). Where op ranges overlap (no :func:`op_table`
     does that) nothing is taken out."""
-    ops = np.ascontiguousarray(ops, dtype=np.int64)
+    ops = np.ascontiguousarray(ops, dtype=np.int32)     # the replay's type (no copy of an op table's rows)
     starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
     closing = np.zeros(starts.shape[0], dtype=np.int64)
     ranges = sorted(set(zip(starts.tolist(), ends.tolist())))
@@ -124,7 +124,7 @@ class ReplayMemo:
         depths = np.array([cfg.router_depth, cfg.rx_depth, cfg.tx_depth], dtype=np.int64)
         feed = np.array([(ord(edge), index, color, count) for (edge, index), colors in sorted(inject.items())
                          for color, count in sorted(colors.items())], dtype=np.int64).reshape(-1, 4)
-        return (*tables, depths, np.ascontiguousarray(ops, dtype=np.int64), np.asarray(starts, dtype=np.int64),
+        return (*tables, depths, np.ascontiguousarray(ops, dtype=np.int32), np.asarray(starts, dtype=np.int64),
                 np.asarray(ends, dtype=np.int64), feed)
 
     def key(self, network: Network, ops, starts, ends, inject: dict) -> tuple:
@@ -212,17 +212,22 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
                    progress: bool, workers: int | None) -> dict[str, int]:
     """Cycles of ``phases`` (``(name, (ops, starts, ends), inject)``), each distinct replay once.
 
-    Phases whose inputs equal an earlier one's (in this call or, with ``reuse``,
+    ``phases`` may be a generator: each phase's op table is taken one at a time and
+    kept only while a replay needs it (a phase whose count is known already is
+    dropped at once), so a big mesh holds the distinct tables only, not every
+    phase's (the 750x994 mesh's nine tables take 7 GB as int64 rows, its distinct
+    ones half of that). Phases whose inputs equal an earlier one's (in this call or, with ``reuse``,
     in :data:`MEMO`) share its count; the distinct replays run on ``workers``
     threads (the compiled loops release the GIL; every replay has its own state,
     and a replay's count does not depend on which thread runs it)."""
     from . import cycle_cache
     from .progress import Progress
 
-    out, todo, names = {}, {}, {}
+    out, todo, names, order_of = {}, {}, {}, []
     disk = cycle_cache.open_cache(network) if reuse else None      # replays kept across processes
     tally = cycle_cache.TALLY
     for name, (ops, starts, ends), inject in phases:
+        order_of.append(name)
         if reuse:           # the inputs without the closing cycles (closing_cycles), shared where equal
             key = MEMO.key(network, ops, starts, ends, inject)
             hit = MEMO.get(key)
@@ -238,8 +243,12 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
             digest, replayed = key[0], key[3]
         else:               # every phase replayed as it is
             key, digest, replayed = None, name, ops
-        names.setdefault(digest, []).append((name, key))
         todo.setdefault(digest, (key, (network, replayed, starts, ends, inject)))
+        # Only the replay's own key keeps its tables; a phase of the same inputs keeps its closing
+        # cycles (all MEMO.finish reads), so a table no replay needs goes now, not after the loop.
+        names.setdefault(digest, []).append((name, key if key is None or todo[digest][0] is key
+                                             else (digest, None, key[2], None)))
+        del ops, replayed, key
     total = len(out) + sum(len(n) for n in names.values())
     with Progress("cycle model", total, enabled=progress) as bar, \
             ThreadPoolExecutor(_workers(len(todo), workers)) as pool:
@@ -260,7 +269,7 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
                 bar.step(name)
     if disk is not None and disk.wrote:
         disk.trim()
-    return {name: out[name] for name, _, _ in phases}
+    return {name: out[name] for name in order_of}
 
 
 def op_table(config, pe_words, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -282,7 +291,11 @@ def op_table(config, pe_words, pe_ops) -> tuple[np.ndarray, np.ndarray, np.ndarr
             start, end = seen[key]
             starts.append(start)
             ends.append(end)
-    return np.concatenate(table), np.array(starts), np.array(ends)
+    rows = np.concatenate(table)
+    if rows.size and (rows.min() < np.iinfo(np.int32).min or rows.max() > np.iinfo(np.int32).max):
+        raise ValueError("a timing op's field does not fit the replay's int32 op rows")
+    # int32, the replay's type: half the bytes (the 750x994 mesh's distinct tables take 1.7 GB, not 3.5)
+    return rows.astype(np.int32), np.array(starts), np.array(ends)
 
 
 def with_end(records) -> np.ndarray:
@@ -330,7 +343,7 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
     accepted for callers that pass it.
     """
     network = Network(plan.config, plan.routes)
-    phases = [(name, phase_ops(plan, phase), phase_injections(phase)) for name, phase in plan.phases.items()]
+    phases = ((name, phase_ops(plan, phase), phase_injections(phase)) for name, phase in plan.phases.items())
     return _replay_phases(network, phases, periods=periods, reuse=reuse, engine=engine, progress=progress,
                           workers=workers)
 
@@ -346,7 +359,7 @@ def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse
         raise ValueError(f"executable_cycles models weight-streaming executables, not mode {exe.mode!r}")
     images = {addr: image for addr, image in exe.static}
     network = Network(exe.config, exe.routes)
-    phases = [(name, executable_phase_ops(exe, images[phase.ops_addr]), phase_injections(phase))
-              for name, phase in exe.phases.items()]
+    phases = ((name, executable_phase_ops(exe, images[phase.ops_addr]), phase_injections(phase))
+              for name, phase in exe.phases.items())
     return _replay_phases(network, phases, periods=periods, reuse=reuse, engine=engine, progress=progress,
                           workers=workers)
