@@ -25,7 +25,10 @@ per CPU, so its wall seconds can be fewer than its CPU seconds). The cycle cache
 run that fills it and a warm one that reads it (the in-process memo emptied before each):
 ``warm_cycle_model_cpu_s`` and ``warm_cycle_model_s`` are the warm run's CPU and wall seconds,
 ``warm_speedup_cpu`` the cold CPU seconds over the warm ones, ``same_cycles_warm`` says the
-counts agree and ``cycle_cache_entries`` how many replays were stored.
+counts agree and ``cycle_cache_entries`` how many replays were stored. With ``--regions`` the cycle
+model also runs without the region replay (``wse.host.compiler.replay_region``; the same plan, in the same
+process): ``regions_speedup_cpu`` is its CPU time over the default's (``same_cycles_without_regions``).
+``max_rss_gb`` is the process's peak memory so far.
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
@@ -33,6 +36,7 @@ counts agree and ``cycle_cache_entries`` how many replays were stored.
     .venv/bin/python bench/compile_speed.py --cases mlp2048 --columns
     .venv/bin/python bench/compile_speed.py --cases wafer --cycles-only
     .venv/bin/python bench/compile_speed.py --warm
+    .venv/bin/python bench/compile_speed.py --cases mlp2048 mlp4096 --cycles-only --regions
 
 Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
 (1024-1024-1024-10, 32x32, batch 256), ``mlp2048`` (2048-2048-2048-10,
@@ -46,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -116,7 +121,7 @@ def _warm_cycle_model(the_plan, record: dict) -> dict[str, int]:
 
 
 def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False, columns: bool = False,
-             warm: bool = False) -> dict:
+             warm: bool = False, progress: bool = False, regions: bool = False) -> dict:
     """Compile one case stage by stage (the cycle cache off; with ``warm`` the cycle model also
     against a fresh cache, cold then warm: :func:`_warm_cycle_model`); the JSON record."""
     import torch
@@ -146,7 +151,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
         warm_figures["warm_speedup_cpu"] = round(cycle_cpu / max(warm_figures["warm_cycle_model_cpu_s"], 1e-6), 1)
     else:
         counts, stages["cycle_model"], cycle_cpu = _timed(
-            lambda: cycles.phase_cycles(the_plan, training_program(config), progress=False))
+            lambda: cycles.phase_cycles(the_plan, training_program(config), progress=progress))
     if not cycles_only:
         t = time.perf_counter()
         codegen.generate(the_plan, cycles=False, progress=False)
@@ -159,7 +164,8 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
               "pe_layers": pe_layers, "s_per_million_pe_layers": round(total / pe_layers * 1e6, 3),
               "cycle_model_cpu_s": round(cycle_cpu, 3), "compile_cpu_s": round(cpu_total, 3),
               "cpu_s_per_million_pe_layers": round(cpu_total / pe_layers * 1e6, 3),
-              "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts, **warm_figures}
+              "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts,
+              "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2), **warm_figures}
     if engines:
         cycles.MEMO = cycles.ReplayMemo()
         same, _, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False, engine="reference"))
@@ -180,6 +186,17 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
         record["without_columns_cycle_model_s"] = round(wall, 3)
         record["columns_speedup_cpu"] = round(cpu / cycle_cpu, 2)
         record["same_cycles_without_columns"] = same == counts
+    if regions:      # the cycle model without the region replay (wse.host.compiler.replay_region)
+        from wse.host.compiler import replay_region
+        cycles.MEMO, replay_region.REGION = cycles.ReplayMemo(), False
+        try:
+            same, wall, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False))
+        finally:
+            replay_region.REGION = True
+        record["without_regions_cycle_model_cpu_s"] = round(cpu, 3)
+        record["without_regions_cycle_model_s"] = round(wall, 3)
+        record["regions_speedup_cpu"] = round(cpu / cycle_cpu, 2)
+        record["same_cycles_without_regions"] = same == counts
     if baseline:
         t = time.perf_counter()
         full = cycles.phase_cycles(the_plan, training_program(config), periods=False, progress=False,
@@ -223,12 +240,17 @@ def main(argv=None) -> int:
                         help="also time the cycle model as before the reduced replay, aligned stops, int8 counts")
     parser.add_argument("--warm", action="store_true",
                         help="also run the cycle model cold then warm against a fresh cycle cache")
+    parser.add_argument("--regions", action="store_true",
+                        help="also time the cycle model without the region replay (same process, same plan)")
+    parser.add_argument("--progress", action="store_true",
+                        help="report the cycle model's phases on stderr as they finish (long runs)")
     args = parser.parse_args(argv)
     records = []
     with _cycle_cache(None):        # cold compiles: the cycle cache only where --warm gives it a fresh folder
         _warm_up()
         for name in args.cases:
-            records.append(run_case(name, args.baseline, args.cycles_only, args.engines, args.columns, args.warm))
+            records.append(run_case(name, args.baseline, args.cycles_only, args.engines, args.columns, args.warm,
+                                    args.progress, args.regions))
             print(json.dumps(records[-1]), flush=True)
     if len(records) > 1:       # growth: CPU seconds per PE-layer against the first case and the previous one
         first = records[0]["cpu_s_per_million_pe_layers"]

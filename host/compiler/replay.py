@@ -165,9 +165,11 @@ def _grant_router(rows, index, router_fifo, busy, rx, router_depth, rx_depth, ev
 
 
 @njit(cache=True)
-def _grant_injections(routes, queues, ports, first_color, events):
+def _grant_injections(routes, queues, ports, first_color, events, only):
     """Step 2: each edge port injects a wavelet of the first color (rotating from
-    ``first_color``) it has left that its router routes from it and has room for.
+    ``first_color``) it has left that its router routes from it and has room for
+    (only the ports of the routers ``only`` marks, unless it is empty: the
+    simulated region of :mod:`.replay_region`).
 
     Returns the conflicts: ports where more than one color could go."""
     input_port, router_fifo = routes.input_port, queues.router_fifo
@@ -175,7 +177,7 @@ def _grant_injections(routes, queues, ports, first_color, events):
     colors = input_port.shape[1]
     conflicts = 0
     for p in range(router.shape[0]):
-        if left_total[p] == 0:
+        if left_total[p] == 0 or (only.shape[0] > 0 and not only[router[p]]):
             continue
         r = router[p]
         chosen = False
@@ -200,8 +202,9 @@ def _grant_tx_move(rows, index, router_fifo, router_depth, tx_colors, tx_head, e
 
 
 @njit(cache=True)
-def _step_pes(ops, cores, queues, tx_depth, events, t):
-    """Step 4: the PEs' instruction streams in cycle ``t``.
+def _step_pes(ops, cores, queues, tx_depth, events, t, pes, n):
+    """Step 4: the PEs' instruction streams in cycle ``t``: every PE when ``n < 0``, else the
+    PEs ``pes[:n]`` (the simulated region of :mod:`.replay_region`).
 
     A PE that can go on runs its private cycles (``BUSY``) and then at most
     one fabric op: a ``recv``; an ``fmacw`` chunk, which pops one weight and
@@ -218,7 +221,8 @@ def _step_pes(ops, cores, queues, tx_depth, events, t):
     progressed = 0
     finished = 0
     last_exit = -1
-    for pe in range(pc.shape[0]):
+    for i in range(pc.shape[0] if n < 0 else n):
+        pe = i if n < 0 else pes[i]
         if done[pe] or free_at[pe] > t:
             continue
         while True:
@@ -439,6 +443,8 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
     tx_wavelets, to_inject, last = scalars[_TX], scalars[_TO_INJECT], scalars[_LAST]
     status = _FINISHED
     frozen = False              # the last cycle moved nothing, with wavelets held (see below)
+    every_pe = np.zeros(0, dtype=np.int32)
+    every_router = np.zeros(0, dtype=np.bool_)
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
         if t >= limit:          # the counters are kept: a run may go on with a later limit
             status = _OUT_OF_TIME
@@ -449,8 +455,8 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
         first_color = t % colors
         count[:_WRITE] = 0
         scalars[_CONFLICTS] += _grant_routers(routes, rows, index, queues, first_color, events) + \
-            _grant_injections(routes, queues, ports, first_color, events)
-        progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t)
+            _grant_injections(routes, queues, ports, first_color, events, every_router)
+        progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t, every_pe, -1)
         running -= finished
         if last_exit > last:
             last = last_exit
@@ -549,7 +555,9 @@ def run_replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.n
     from .replay_adaptive import AdaptiveRun
     from .replay_columns import reduced_replay
     from .replay_events import run_events
+    from . import replay_region
     from .replay_periods import run_with_periods
+    from .replay_region import RegionSearch
 
     engine = DEFAULT_ENGINE if engine is None else engine
     if engine not in ENGINES:
@@ -572,7 +580,8 @@ def run_replay(network: Network, ops: np.ndarray, starts: np.ndarray, ends: np.n
     queues, cores, events = _new_state(routes, ports, starts)
     if periods and starts.shape[0] > 0:
         watch = int(np.argmax(np.asarray(ends) - starts))     # the PE with the longest op list
-        result = run_with_periods(routes, ports, ops, queues, cores, events, limit, watch, int(ends[watch]), run)
+        result = run_with_periods(routes, ports, ops, queues, cores, events, limit, watch, int(ends[watch]), run,
+                                  region=RegionSearch(routes, ports, ops) if replay_region.REGION else None)
     else:
         scalars = _new_scalars(starts, ports, -1)
         result = run(routes, ports, ops, queues, cores, events, scalars, limit, -1)

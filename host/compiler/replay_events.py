@@ -403,6 +403,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
     ran = -1
     status = _FINISHED
     frozen = False              # as in replay._run: the last cycle moved nothing, with wavelets held
+    every_router = np.zeros(0, dtype=np.bool_)
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
         if t >= limit:
             _settle(cores, wakes, ran)
@@ -415,7 +416,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
         count[:_WRITE] = 0
         _turn(wakes)
         scalars[_CONFLICTS] += _grant_woken(routes, rows, index, queues, wakes, first_color, events) + \
-            _grant_injections(routes, queues, ports, first_color, events)
+            _grant_injections(routes, queues, ports, first_color, events, every_router)
         _move_woken_tx(routes, rows, index, queues, wakes, events)
         progressed, finished, last_exit = _step_due(ops, cores, queues, wakes, tx_depth, events, t)
         running -= finished

@@ -470,7 +470,7 @@ def _propose(candidates: list, history: _History, key: int, now: dict, spans) ->
 
 
 def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watch: int, end: int,
-                     run=_run, scalars=None, extra=None) -> int:
+                     run=_run, scalars=None, extra=None, region=None) -> int:
     """The replay's result (cycles, or a negative hang code) from a fresh state,
     skipping the proven repeats of periods of the fabric's state (module docstring).
     ``run`` is the engine (:func:`.replay._run` or :func:`.replay_events.run_events`'s).
@@ -487,7 +487,9 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
     successor of its state (:func:`_jump`); the state a skip or a jump lands
     in is taken as the next stop. ``scalars`` (a run's counters) go on from a
     state that is not fresh; an ``extra`` state (:mod:`.replay_columns`) is
-    compared, kept, shifted by skips and set by jumps with the fabric's."""
+    compared, kept, shifted by skips and set by jumps with the fabric's. A ``region``
+    (:class:`.replay_region.RegionSearch`) is offered every stop that skipped nothing, told whether
+    the watched PE is in its first round."""
     colors = routes.input_port.shape[1]
     scalars = _new_scalars(cores.pc, ports, watch) if scalars is None else scalars
     base = int(cores.pc[watch])
@@ -542,6 +544,8 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
             status = run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
             if status != _STOPPED:
                 return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
+        elif region is not None:        # a skip or a jump landed: the period search is doing the work
+            region.quiet = 0
         landed = False
         t = int(scalars[_T])
         scalars[_SEEN_PC] = next_stop()
@@ -579,3 +583,10 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         if _jump(transitions, key, now, ops, state, cores, ports, scalars, limit):
             previous = None
             landed = True
+        elif region is not None and (moved := region.stop(now, queues, cores, events, scalars, limit,
+                                                          not outer or int(cores.pc[watch]) - base < outer)) is not None:
+            if moved != _STOPPED:       # the run ended while the region replay recorded its period
+                return int(scalars[_LAST] + 1) if moved == _FINISHED else int(moved)
+            scalars[_SEEN_PC] = next_stop()     # the state is the run's at a later cycle
+            previous = None
+            candidates.clear(), round_candidates.clear()

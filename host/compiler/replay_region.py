@@ -1,0 +1,302 @@
+"""The region replay: a fabric that repeats with a period but for a small region
+costs the replay of that region.
+
+The streamed GEMMs fill their pipeline with a disturbance that crosses the mesh
+on one row while every other PE already repeats with a period ``D``
+(``bench/region_shift.py``, ``docs/weight_streaming.md`` section 9): the
+period search (:mod:`.replay_periods`) cannot skip it, since the whole state
+never repeats, and the full replay of those cycles grows as ``n^4``. This
+module replays one period of the whole fabric and keeps it (the *record*:
+every cell's relative state at each of its ``D + 1`` cycles, what each
+router granted, each cell moved and each edge port injected in each of its
+``D`` cycles), then steps only the cells whose state or whose next cycle
+may differ from the record's, with a margin, taking everyone else's state
+from the record; and as it steps a period, it writes the stepped cells'
+true states and moves over their entries, so that at the period's end the
+record is the period just stepped, true for every cell, and serves the next
+one (a disturbance that has moved on leaves no trace in it).
+
+**Rule.** Write ``R(t)`` for the record's state at phase ``k = t - t0`` of
+the current period ``t0 .. t0 + D``, each PE's op row moved on by its shift
+over the recorded period (``base``). A cell's state at ``t + 1`` is a
+function of its own state at ``t``, the queue counts of its neighbours (the
+targets of its routes: room for its grants), the grants of its neighbours
+into it (each a function of that neighbour's state and its targets'
+counts), the op rows it reads, the rotation ``t mod colors`` and its edge
+ports' colors left. So a cell whose state and whose neighbours' and their
+neighbours' states at ``t`` equal ``R(t)`` has the state ``R(t + 1)`` at
+``t + 1``, provided its own cycle is the record's: its op rows from its
+``pc`` repeat the recorded ones (checked per cell at each period's start:
+``forced``), its grants do not depend on the rotation (no conflict at its
+router in the recorded cycle, or ``D`` a multiple of ``colors``), its edge
+ports hold wavelets of the colors they held in the record, and at the
+period's last phase its recorded period is *closed* (its state at ``t0 +
+D`` is its state at ``t0`` with the shift; a cell whose period does not
+close is stepped from the next period's start, given its true state, the
+record's last row). A cell that breaks one of these is *deviant* at ``t``,
+and so is a stepped cell whose state differs from ``R(t)``. So if every
+cell within two hops of a deviant cell is stepped, by induction over ``t``
+every other cell has the state ``R(t)``: the stepped set ``A`` is
+recomputed each cycle as the two-hop neighbourhood of the deviant cells (a
+cell joining it is given ``R(t)``, its true state; a cell leaving it is not
+deviant, so its state is ``R(t)``), the cells one hop outside ``A`` show it
+the recorded queue counts and send it the recorded grants (theirs, as they
+are not deviant and nor is anyone they send to), the background's edge ports
+inject what they injected in the record, and ``A`` steps with the replay's
+own functions. At the period's end every cell's entries hold its true
+states over the period (rewritten where it was stepped, the record's,
+which were true, where it was not): a true trajectory of the whole fabric
+over one period, which is all the rule asks of a record. The counters
+follow: the background's moves (the last cycle with a move) and conflicts
+are the record's minus those of the cells in ``A``. The region replay
+ends, and the whole state is set from ``R(t)`` and ``A``'s, when ``A``
+grows past :data:`MAX_SHARE` of the cells or when the background would not
+move in a cycle (the engine's idle skip and hang checks then decide); the
+replay goes on from there with the period search.
+
+``tests/test_replay_region.py`` compares the state at the end of region
+replays with the plain reference replay's at the same cycle, and the counts
+and every PE's last cycle with the replay without regions.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .network import TO_PE, TO_ROUTER
+from .replay import _FIFOS, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed, _run
+from .replay_periods import _repeats
+from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, Record, _by_cell, _by_phase, _cell_hashes,
+                                  _materialize, _region, _take, _take_conflicts, _take_moves, record_bytes)
+from .replay_state import _EVENT_KINDS, Events
+
+__all__ = ["RegionSearch", "REGION"]
+
+#: Whether :func:`.replay_periods.run_with_periods` tries the region replay (the same counts either way).
+REGION = True
+#: The region replay ends when the stepped cells exceed this share of the mesh.
+MAX_SHARE = 0.08
+#: A stop proposes a period ``D`` when at most this share of the cells differ from a stop ``D`` cycles earlier.
+PROPOSE_SHARE = 0.03
+#: A period is proposed only after this many stops in a row at which the period search skipped nothing.
+QUIET_STOPS = 4
+#: The shortest period proposed: shorter repeats are the period search's (measured: on the last layer's
+#: ``bwd-data``, periods of 42 cycles recorded and replayed as regions cost more than the replay without).
+MIN_PERIOD = 256
+#: Periods are proposed only while the watched PE is in its first round: a round with one before it
+#: is the round search's to skip (:mod:`.replay_periods`), and the fill, where no state repeats, is
+#: in the first (measured: a try in the last layer's ``bwd-data``'s second round cost 2 CPU s on
+#: 128x128 and its record did not close).
+FIRST_ROUND_ONLY = True
+#: The most bytes a record may take.
+RECORD_BYTES = 2 << 30
+def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:
+    """Set every cell outside ``in_a`` to the record's state at the start of cycle ``scalars[_T]``
+    (phase ``scalars[_T] - t0``), the pending writes and the counters with them: the whole state
+    the replay goes on from."""
+    t = int(scalars[_T])
+    k = t - t0
+    bg = ~in_a
+    queues.router_fifo[bg] = rec.fifo[:, k][bg]
+    queues.rx[bg] = rec.rx[:, k][bg]
+    colors = queues.router_fifo.shape[1]
+    queues.busy_fifos[:] = ((queues.router_fifo > 0).astype(np.int64) << np.arange(colors)).sum(axis=1)
+    tx = rec.tx[:, k][bg]
+    queues.tx_colors[bg] = np.maximum(tx, 0)
+    queues.tx_head[bg] = 0
+    queues.tx_count[bg] = (tx >= 0).sum(axis=1)
+    flags = rec.flags[:, k]
+    live = bg & (flags != 2)
+    cores.done[bg] = flags[bg] == 2
+    cores.pc[bg] = rec.pc[:, k][bg] + base[bg]
+    cores.free_at[live] = t + rec.free[:, k][live]
+    cores.vector_index[live] = rec.index[:, k][live]
+    cores.written_at[live] = np.where(flags[live] == 1, t, -1)
+    n = int(events.count[_WRITE])
+    who, color = events.who[_WRITE, :n].copy(), events.color[_WRITE, :n].copy()
+    keep = in_a[who]
+    extra = np.flatnonzero(bg & (rec.write[:, k] >= 0))
+    who = np.concatenate([who[keep], extra]).astype(events.who.dtype)
+    color = np.concatenate([color[keep], rec.write[:, k][extra]]).astype(events.color.dtype)
+    events.count[_WRITE] = who.shape[0]
+    events.who[_WRITE, :who.shape[0]] = who
+    events.color[_WRITE, :who.shape[0]] = color
+    scalars[_RUNNING] = int((~cores.done).sum())
+    scalars[_FIFOS] = int((queues.router_fifo > 0).sum())
+    scalars[_TX] = int(queues.tx_count.astype(np.int64).sum())
+    scalars[_TO_INJECT] = int(ports.left.sum())
+
+
+def neighbours(routes) -> tuple[np.ndarray, np.ndarray]:
+    """The routers each router sends to or takes from on some color (a router's PE taken with it), as
+    ``(indptr, indices)``."""
+    cells, colors, most = routes.target.shape
+    k = np.arange(most)[None, None, :]
+    used = (k < routes.n_targets[:, :, None]) & ((routes.target_kind == TO_ROUTER) | (routes.target_kind == TO_PE))
+    src = np.broadcast_to(np.arange(cells, dtype=np.int64)[:, None, None], used.shape)[used]
+    dst = routes.target[used].astype(np.int64)
+    keys = np.unique(np.concatenate([src * cells + dst, dst * cells + src]))
+    keys = keys[keys // cells != keys % cells]
+    indptr = np.zeros(cells + 1, np.int64)
+    np.add.at(indptr, keys // cells + 1, 1)
+    return np.cumsum(indptr), np.ascontiguousarray(keys % cells)
+
+
+class RegionSearch:
+    """The region replay at the period search's stops (:func:`.replay_periods.run_with_periods`).
+
+    At each stop that skipped nothing (after :data:`QUIET_STOPS` of them in a
+    row: where the period search skips or jumps, it does the work) it compares every cell's relative state
+    (a 64-bit hash per cell) with the last stops'; where at most
+    :data:`PROPOSE_SHARE` of the cells differ from a stop ``D`` cycles earlier,
+    and at most as many of that stop's from one ``D`` cycles before it,
+    it records the next ``D`` cycles of the whole fabric (the reference engine,
+    a cycle at a time: the replay goes on meanwhile) and runs the region replay
+    from there (module docstring). Whether to try is a choice of cost only
+    (every count is the same): a try pays if it moved the clock on at fewer
+    CPU seconds a cycle (its record included) than the replay did between
+    the stops without it (skipped periods and jumps included: where the period
+    search skips, a region replay that steps every cycle does not pay). A
+    try that did not pay makes the next proposals wait 1, 4, 16, ... times;
+    after three that did not pay, none is tried while the tries so far cost
+    more a cycle than the replay without them. ``runs`` lists each region
+    replay as ``(first cycle, cycle it ended at, why)`` (why: ``"region"``, the
+    stepped PEs grew too many; ``"still"``, the background stood still;
+    ``"limit"``; ``"open"``, the record's period did not close for too many
+    PEs and no region ran); ``rates`` holds the
+    CPU seconds and cycles of the tries and of the replay between stops."""
+
+    def __init__(self, routes, ports, ops, keep: int = 24):
+        self.routes, self.ports, self.ops, self.keep = routes, ports, ops, keep
+        self._nbr = None                # neighbours(routes), at the first try
+        self.signatures: list = []
+        self.wait, self.backoff, self.failed, self.quiet = 0, 1, 0, 0
+        self.rates = np.zeros(4)        # CPU seconds and cycles: of the tries, of the replay between the stops
+        self._since = None
+        self.runs: list = []
+        self.stats = np.zeros(3, np.int64)      # cycles the region replay stepped, cells it stepped, deviant cells
+
+    @staticmethod
+    def _signature(now: dict) -> np.ndarray:
+        rel = now["rel"]
+        return _cell_hashes(rel["fifo"], rel["rx"], rel["tx"], rel["done"], rel["free"], rel["index"],
+                            rel["written"], rel["writes"])
+
+    def stop(self, now: dict, queues, cores, events, scalars, limit: int, first_round: bool = True):
+        """Try the region replay at this stop (``first_round``: the watched PE is in its first
+        round): None if nothing ran (the state is as it was), else the replay's status from the
+        state it left (:data:`.replay._STOPPED`: going on from a later cycle; :data:`.replay._FINISHED`
+        or a hang: the run ended while the period was recorded)."""
+        if FIRST_ROUND_ONLY and not first_round:
+            return None
+        cells, colors = queues.router_fifo.shape
+        t, sig = int(now["t"]), self._signature(now)
+        if self._since is not None:
+            self.rates[2:] += (time.thread_time() - self._since[0], t - self._since[1])
+        result = self._offer(t, sig, cells, colors, queues, cores, events, scalars, limit)
+        self._since = (time.thread_time(), int(scalars[_T]))
+        return result
+
+    def _offer(self, t, sig, cells, colors, queues, cores, events, scalars, limit):
+        budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth) // 2)
+        kept = dict(self.signatures)
+        period = None
+        for earlier, old in reversed(self.signatures):     # a period seen twice: t - 2D, t - D and t alike
+            d = t - earlier
+            if MIN_PERIOD <= d <= budget and earlier - d in kept and \
+                    np.count_nonzero(sig != old) <= PROPOSE_SHARE * cells and \
+                    np.count_nonzero(old != kept[earlier - d]) <= PROPOSE_SHARE * cells:
+                period = d
+                break
+        self.signatures = (self.signatures + [(t, sig)])[-self.keep:]
+        self.quiet += 1
+        if period is None or self.quiet < QUIET_STOPS:
+            return None
+        tries, tried, normal, replayed = self.rates
+        if self.wait > 0 or (self.failed >= 3 and tries * replayed >= normal * tried):
+            self.wait -= 1
+            return None
+        spent = time.thread_time()
+        status = self._attempt(period, queues, cores, events, scalars, limit)
+        spent, moved = time.thread_time() - spent, int(scalars[_T]) - t
+        self.rates[:2] += (spent, moved)
+        if spent * replayed < normal * moved:
+            self.backoff = 1
+        else:
+            self.failed += 1
+            self.wait, self.backoff = self.backoff, 4 * self.backoff
+        return status
+
+    def _attempt(self, period: int, queues, cores, events, scalars, limit: int):
+        routes, ports, ops = self.routes, self.ports, self.ops
+        cells, colors = queues.router_fifo.shape
+        t0 = int(scalars[_T])
+        if t0 + 2 * period >= limit:
+            return None
+        if self._nbr is None:
+            self._nbr = neighbours(routes)
+        rec = _by_phase(period, cells, colors, routes.tx_depth, ports.left.shape[0])
+        rows, index = _packed(routes)
+        scratch = Events(np.zeros(_EVENT_KINDS, np.int64), np.zeros((_EVENT_KINDS, colors), np.int32),
+                         np.zeros((_EVENT_KINDS, colors), np.int8))
+        for k in range(period):
+            _take(queues, cores, events, ports, t0 + k, k, rec)
+            _take_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch,
+                            k, rec)
+            status = _run(routes, ports, ops, queues, cores, events, scalars, t0 + k + 1, -1)
+            if status != _OUT_OF_TIME:
+                return status
+            if scalars[_T] != t0 + k + 1:       # an idle skip: no period to keep
+                return _STOPPED
+            _take_moves(events, k, rec)
+        _take(queues, cores, events, ports, t0 + period, period, rec)
+        rec = _by_cell(rec)
+        began = t0 + period
+        base = np.zeros(cells, np.int64)
+        in_a = None
+        # Kept up to date by the region replay as it rewrites the record (_capture_moves): the moves and
+        # conflicts of each phase, and the cells with conflicts at each phase (a list per phase).
+        act_total, conf_total = rec.act.sum(axis=0, dtype=np.int64), rec.conf.sum(axis=0, dtype=np.int64)
+        cells_at, phases = np.nonzero(rec.conf > 0)
+        conf_count = np.bincount(phases, minlength=period).astype(np.int64)
+        conf_cells = np.zeros((period, int(conf_count.max(initial=0)) + 64), np.int32)
+        conf_count[:] = 0
+        for r, k in zip(cells_at.tolist(), phases.tolist()):
+            conf_cells[k, conf_count[k]] = r
+            conf_count[k] += 1
+        while True:         # rec holds the period from t0; it becomes the record of the next one
+            shift = rec.pc[:, period] - rec.pc[:, 0]
+            closed = (shift >= 0) & (rec.free[:, period] == rec.free[:, 0]) & \
+                (rec.index[:, period] == rec.index[:, 0]) & (rec.flags[:, period] == rec.flags[:, 0]) & \
+                (rec.write[:, period] == rec.write[:, 0])
+            for table in (rec.fifo, rec.rx, rec.tx):
+                closed &= (table[:, period] == table[:, 0]).all(axis=1)
+            if in_a is None:
+                in_a = ~closed
+                if in_a.sum() > MAX_SHARE * cells:      # too many PEs whose recorded period does not close
+                    self.runs.append((began, began, "open"))
+                    return _STOPPED
+            moving = np.flatnonzero(shift > 0)
+            ends = rec.pc[moving, period] + base[moving]       # where each moving PE stands at the period's end
+            keys, inverse = np.unique(ends * (int(shift.max(initial=0)) + 1) + shift[moving], return_inverse=True)
+            first = np.zeros(keys.shape[0], np.int64)
+            first[inverse] = np.arange(moving.shape[0])
+            repeats = np.array([_repeats(ops, ends[i:i + 1], shift[moving[i]:moving[i] + 1], 1) for i in first],
+                               dtype=np.int64)
+            forced = moving[repeats[inverse] < 1] if moving.shape[0] else moving
+            wrap = np.flatnonzero(~closed & ~in_a).astype(np.int32)
+            if wrap.shape[0]:       # a background cell whose period does not close is stepped from here
+                _materialize(queues, cores, events, int(scalars[_T]), period, rec, base, wrap, wrap.shape[0], in_a)
+            base += shift
+            t0 += period
+            status = _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period,
+                             rec, base, forced.astype(np.int32), np.flatnonzero(~closed).astype(np.int32),
+                             conf_count, conf_cells, act_total, conf_total, *self._nbr, in_a,
+                             int(MAX_SHARE * cells), self.stats)
+            if status != _REBASE:
+                break
+        _settle(queues, cores, events, ports, scalars, rec, base, in_a, t0)
+        self.runs.append((began, int(scalars[_T]), {_TOO_BIG: "region", _STILL: "still"}.get(status, "limit")))
+        return _STOPPED

@@ -1,0 +1,567 @@
+"""The compiled steps of the region replay (:mod:`.replay_region`, whose docstring states the
+rule): the record of one period of the whole fabric (:class:`Record`), taken a cycle at a time
+(:func:`_take`), and the cycle loop that steps only the cells that may differ from it
+(:func:`_region`), rewriting their entries as it goes."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from .network import TO_PE, TO_ROUTER
+from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP, _RUNNING, _T, _TARGETS,
+                     _TX_MOVE, _WRITE, _apply_grants, _apply_injections, _apply_pe_queues, _apply_tx_moves,
+                     _grant_injections, _grant_router, _grant_tx_move, _push_fifo, _step_pes)
+
+__all__ = ["Record", "record_bytes"]
+
+#: Bytes of a record per cell and cycle, beside the queue counts and the output queue.
+_CELL_BYTES = 4 + 4 + 1 + 1 + 8 + 8 + 1 + 1
+# Why a region replay ended (beside the replay's own results).
+_TOO_BIG, _STILL, _REBASE = 2, 3, 4
+
+
+class Record(NamedTuple):
+    """One period of the whole fabric from ``t0``: for ``k`` in ``0 .. D`` the relative state at the
+    start of cycle ``t0 + k`` (``fifo``, ``rx``: queue counts; ``tx``: the output queue's colors from
+    its head, -1 past its count; ``free``: ``max(free_at - t, 0)`` of a live PE; ``index``: its element
+    index; ``flags``: 1 its last element enters the output queue at ``t``, 2 done; ``write``: the
+    color of its element issued at ``t - 1``, -1 none; ``pc``), and for ``k`` in ``0 .. D - 1`` what
+    cycle ``t0 + k`` did (``grant``: the colors each router granted, as bits; ``act``: the cell
+    granted, moved its output queue's head, popped or wrote; ``conf``: its router's conflicts);
+    per edge port, ``has[k, p, c]``: it had wavelets of color ``c`` left at ``t0 + k``, and
+    ``inject[k, p]``: the color it injected in cycle ``t0 + k``, -1 none."""
+
+    fifo: np.ndarray
+    rx: np.ndarray
+    tx: np.ndarray
+    free: np.ndarray
+    index: np.ndarray
+    flags: np.ndarray
+    write: np.ndarray
+    pc: np.ndarray
+    grant: np.ndarray
+    act: np.ndarray
+    conf: np.ndarray
+    has: np.ndarray
+    inject: np.ndarray
+
+
+def _by_phase(period: int, cells: int, colors: int, depth: int, ports: int) -> Record:
+    """An empty record, phase first (``[k, cell, ...]``), as the whole fabric is taken a cycle at a
+    time (:func:`_take`); :func:`_by_cell` turns it cell first for the region replay."""
+    states, cycles = (period + 1, cells), (period, cells)
+    return Record(np.zeros((*states, colors), np.int8), np.zeros((*states, colors), np.int8),
+                  np.zeros((*states, depth), np.int8), np.zeros(states, np.int32), np.zeros(states, np.int32),
+                  np.zeros(states, np.int8), np.zeros(states, np.int8), np.zeros(states, np.int64),
+                  np.zeros(cycles, np.int64), np.zeros(cycles, np.int8), np.zeros(cycles, np.int8),
+                  np.zeros((period + 1, ports, colors), np.bool_), np.full((period, ports), -1, np.int8))
+
+
+def _by_cell(rec: Record) -> Record:
+    """``rec`` cell (or port) first, ``[cell, k, ...]``: a stepped cell reads its own rows at
+    consecutive phases, cycle after cycle, so they share cache lines (read phase first, every
+    cycle's reads of a cell missed the cache; written cell first, every cycle taken did)."""
+    out = []
+    for a in rec:
+        flat = a.reshape(a.shape[0], a.shape[1], int(np.prod(a.shape[2:], dtype=np.int64)))
+        moved = np.empty((a.shape[1], a.shape[0], flat.shape[2]), a.dtype)
+        _swap(flat, moved)
+        out.append(moved.reshape((a.shape[1], a.shape[0]) + a.shape[2:]))
+    return Record(*out)
+
+
+@njit(cache=True, nogil=True)
+def _swap(src, dst):
+    """``dst[i, k] = src[k, i]``, a block of 64 cells at a time (numpy's transpose of the record took
+    longer than the record itself: its writes fall a cache line apart)."""
+    phases, cells, width = src.shape
+    for i0 in range(0, cells, 64):
+        i1 = min(i0 + 64, cells)
+        for k in range(phases):
+            for i in range(i0, i1):
+                for w in range(width):
+                    dst[i, k, w] = src[k, i, w]
+
+
+def record_bytes(period: int, cells: int, colors: int, depth: int) -> int:
+    """The bytes of a :class:`Record` of ``period`` cycles."""
+    return (period + 1) * cells * (2 * colors + depth + _CELL_BYTES)
+
+
+@njit(cache=True, nogil=True)
+def _take(queues, cores, events, ports, t, k, rec):
+    """Row ``k`` of the record's states (phase first, :func:`_by_phase`): the relative state at the
+    start of cycle ``t``."""
+    cells, colors = queues.router_fifo.shape
+    for p in range(ports.left.shape[0]):
+        for c in range(colors):
+            rec.has[k, p, c] = ports.left[p, c] > 0
+    depth = queues.tx_colors.shape[1]
+    for r in range(cells):
+        for c in range(colors):
+            rec.fifo[k, r, c] = queues.router_fifo[r, c]
+            rec.rx[k, r, c] = queues.rx[r, c]
+        at = queues.tx_head[r]
+        for j in range(depth):          # the output queue from its head (no division: it cost half the time)
+            if j < queues.tx_count[r]:
+                rec.tx[k, r, j] = queues.tx_colors[r, at]
+                at = at + 1 if at + 1 < depth else 0
+            else:
+                rec.tx[k, r, j] = -1
+        if cores.done[r]:
+            rec.free[k, r], rec.index[k, r], rec.flags[k, r] = 0, 0, 2
+        else:
+            free = cores.free_at[r] - t
+            rec.free[k, r] = free if free > 0 else 0
+            rec.index[k, r] = cores.vector_index[r]
+            rec.flags[k, r] = 1 if cores.written_at[r] == t else 0
+        rec.write[k, r] = -1
+        rec.pc[k, r] = cores.pc[r]
+    for g in range(events.count[_WRITE]):
+        rec.write[k, events.who[_WRITE, g]] = events.color[_WRITE, g]
+
+
+@njit(cache=True, nogil=True)
+def _take_conflicts(rows, index, queues, router_depth, rx_depth, first_color, scratch, k, rec):
+    """Each router's conflicts at this start-of-cycle state (its grants taken into ``scratch``)."""
+    cells, colors = queues.router_fifo.shape
+    for r in range(cells):
+        rec.conf[k, r] = 0
+        if queues.busy_fifos[r] != 0:
+            scratch.count[_GRANT] = 0
+            rec.conf[k, r] = _grant_router(rows, index, queues.router_fifo, queues.busy_fifos[r], queues.rx,
+                                           router_depth, rx_depth, scratch, r, first_color, colors)
+
+
+@njit(cache=True, nogil=True)
+def _take_moves(events, k, rec):
+    """What cycle ``t0 + k`` (just run) moved, per cell; its writes are the pending ones of row ``k``."""
+    rec.grant[k, :] = 0
+    for r in range(rec.act.shape[1]):
+        rec.act[k, r] = 1 if rec.write[k, r] >= 0 else 0
+    for g in range(events.count[_GRANT]):
+        r = events.who[_GRANT, g]
+        rec.grant[k, r] |= 1 << events.color[_GRANT, g]
+        rec.act[k, r] = 1
+    for kind in (_TX_MOVE, _POP):
+        for g in range(events.count[kind]):
+            rec.act[k, events.who[kind, g]] = 1
+    rec.inject[k, :] = -1
+    for g in range(events.count[_INJECT]):
+        rec.inject[k, events.who[_INJECT, g]] = events.color[_INJECT, g]
+
+
+# Speed: every helper below loops over cells itself. A per-cell helper taking the named tuples
+# (even inline, with one return) made numba count references at every call: 120 ns a cell.
+
+@njit(cache=True, nogil=True)
+def _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, forced, in_a, pending, dev):
+    """The stepped cells that are not forced and whose state at the start of cycle ``t`` is not the
+    record's at phase ``k`` (op rows ``base`` on), and the routers of the background's edge ports whose
+    colors left are not the record's, into ``dev``; returns how many."""
+    colors = queues.router_fifo.shape[1]
+    depth = queues.tx_colors.shape[1]
+    count = events.count
+    for g in range(count[_WRITE]):
+        pending[events.who[_WRITE, g]] = events.color[_WRITE, g]
+    nd = 0
+    for i in range(a_count):
+        r = a_list[i]
+        if forced[r]:
+            continue
+        same = pending[r] == rec.write[r, k] and cores.pc[r] == rec.pc[r, k] + base[r]
+        c = 0
+        while same and c < colors:
+            same = queues.router_fifo[r, c] == rec.fifo[r, k, c] and queues.rx[r, c] == rec.rx[r, k, c]
+            c += 1
+        n = queues.tx_count[r]
+        if same and n < depth:
+            same = rec.tx[r, k, n] == -1
+        j = 0
+        at = queues.tx_head[r]
+        while same and j < n:           # the output queue from its head
+            same = rec.tx[r, k, j] == queues.tx_colors[r, at]
+            j += 1
+            at = at + 1 if at + 1 < depth else 0
+        if same and cores.done[r]:
+            same = rec.flags[r, k] == 2
+        elif same:
+            free = cores.free_at[r] - t
+            same = rec.flags[r, k] == (1 if cores.written_at[r] == t else 0) and \
+                rec.free[r, k] == (free if free > 0 else 0) and rec.index[r, k] == cores.vector_index[r]
+        if not same:
+            dev[nd] = r
+            nd += 1
+    for g in range(count[_WRITE]):
+        pending[events.who[_WRITE, g]] = -1
+    for p in range(ports.left.shape[0]):
+        r = ports.router[p]
+        if not in_a[r]:
+            for c in range(colors):
+                if (ports.left[p, c] > 0) != rec.has[p, k, c]:
+                    dev[nd] = r
+                    nd += 1
+                    break
+    return nd
+
+
+@njit(cache=True, nogil=True)
+def _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr):
+    """Every cell within two hops of ``dev[:nd]`` into ``new_a`` (each once: ``mark`` holds ``t``);
+    returns how many."""
+    na = 0
+    for i in range(nd):
+        r = dev[i]
+        if mark[r] != t:
+            mark[r] = t
+            new_a[na] = r
+            na += 1
+        for j in range(nbr_ptr[r], nbr_ptr[r + 1]):
+            s = nbr[j]
+            if mark[s] != t:
+                mark[s] = t
+                new_a[na] = s
+                na += 1
+            for j2 in range(nbr_ptr[s], nbr_ptr[s + 1]):
+                u = nbr[j2]
+                if mark[u] != t:
+                    mark[u] = t
+                    new_a[na] = u
+                    na += 1
+    return na
+
+
+@njit(cache=True, nogil=True)
+def _materialize(queues, cores, events, t, k, rec, base, joiners, n, in_a):
+    """Give the cells ``joiners[:n]`` the record's state at phase ``k`` (op rows ``base`` on), their
+    recorded pending writes appended, and mark them stepped."""
+    colors = queues.router_fifo.shape[1]
+    depth = queues.tx_colors.shape[1]
+    count, who, color = events.count, events.who, events.color
+    kept = count[_WRITE]
+    for i in range(n):
+        r = joiners[i]
+        in_a[r] = True
+        busy = 0
+        for c in range(colors):
+            queues.router_fifo[r, c] = rec.fifo[r, k, c]
+            queues.rx[r, c] = rec.rx[r, k, c]
+            if rec.fifo[r, k, c] > 0:
+                busy |= 1 << c
+        queues.busy_fifos[r] = busy
+        m = 0
+        for j in range(depth):
+            if rec.tx[r, k, j] >= 0:
+                queues.tx_colors[r, j] = rec.tx[r, k, j]
+                m += 1
+        queues.tx_head[r] = 0
+        queues.tx_count[r] = m
+        cores.pc[r] = rec.pc[r, k] + base[r]
+        cores.done[r] = rec.flags[r, k] == 2
+        if not cores.done[r]:            # a done PE keeps its exit: it was done before the record began
+            cores.free_at[r] = t + rec.free[r, k]
+            cores.vector_index[r] = rec.index[r, k]
+            cores.written_at[r] = t if rec.flags[r, k] == 1 else -1
+        if rec.write[r, k] >= 0:
+            who[_WRITE, kept] = r
+            color[_WRITE, kept] = rec.write[r, k]
+            kept += 1
+    count[_WRITE] = kept
+
+
+@njit(cache=True, nogil=True)
+def _join(queues, cores, events, t, k, rec, base, a_list, a_count, new_a, na, mark, in_a, joiners):
+    """Make ``new_a[:na]`` the stepped cells: the others leave (their state is the record's), the
+    joiners get the record's state at phase ``k`` (:func:`_materialize`), and the pending writes
+    are the stepped cells' own and the joiners' recorded ones."""
+    for i in range(a_count):
+        r = a_list[i]
+        if mark[r] != t:
+            in_a[r] = False
+    count, who, color = events.count, events.who, events.color
+    kept = 0
+    for g in range(count[_WRITE]):
+        if in_a[who[_WRITE, g]]:
+            who[_WRITE, kept] = who[_WRITE, g]
+            color[_WRITE, kept] = color[_WRITE, g]
+            kept += 1
+    count[_WRITE] = kept
+    n = 0
+    for i in range(na):
+        r = new_a[i]
+        a_list[i] = r
+        if not in_a[r]:
+            joiners[n] = r
+            n += 1
+    _materialize(queues, cores, events, t, k, rec, base, joiners, n, in_a)
+
+
+@njit(cache=True, nogil=True)
+def _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pending):
+    """Row ``k`` of the record for the stepped cells and their edge ports: their true state at the
+    start of cycle ``t`` (the record becomes the period just stepped, :func:`_region`)."""
+    colors = queues.router_fifo.shape[1]
+    depth = queues.tx_colors.shape[1]
+    for g in range(events.count[_WRITE]):
+        pending[events.who[_WRITE, g]] = events.color[_WRITE, g]
+    for i in range(na):
+        r = a_list[i]
+        for c in range(colors):
+            rec.fifo[r, k, c] = queues.router_fifo[r, c]
+            rec.rx[r, k, c] = queues.rx[r, c]
+        at = queues.tx_head[r]
+        for j in range(depth):
+            if j < queues.tx_count[r]:
+                rec.tx[r, k, j] = queues.tx_colors[r, at]
+                at = at + 1 if at + 1 < depth else 0
+            else:
+                rec.tx[r, k, j] = -1
+        if cores.done[r]:
+            rec.free[r, k], rec.index[r, k], rec.flags[r, k] = 0, 0, 2
+        else:
+            free = cores.free_at[r] - t
+            rec.free[r, k] = free if free > 0 else 0
+            rec.index[r, k] = cores.vector_index[r]
+            rec.flags[r, k] = 1 if cores.written_at[r] == t else 0
+        rec.write[r, k] = pending[r]
+        rec.pc[r, k] = cores.pc[r] - base[r]
+    for g in range(events.count[_WRITE]):
+        pending[events.who[_WRITE, g]] = -1
+    for p in range(ports.left.shape[0]):
+        if in_a[ports.router[p]]:
+            for c in range(colors):
+                rec.has[p, k, c] = ports.left[p, c] > 0
+
+
+@njit(cache=True, nogil=True)
+def _capture_moves(events, ports, k, rec, a_list, na, in_a, conf_now, act_total, conf_total, conf_count,
+                   conf_cells):
+    """What cycle ``t0 + k`` (just run) did, for the stepped cells and their edge ports (conflicts
+    from ``conf_now``), the totals and lists of phase ``k`` kept up to date; their writes are the
+    pending ones of row ``k``. False if a phase's list of cells with conflicts is full."""
+    for i in range(na):
+        r = a_list[i]
+        act_total[k] -= rec.act[r, k]
+        rec.grant[r, k] = 0
+        rec.act[r, k] = 1 if rec.write[r, k] >= 0 else 0
+    for g in range(events.count[_GRANT]):
+        r = events.who[_GRANT, g]
+        rec.grant[r, k] |= 1 << events.color[_GRANT, g]
+        rec.act[r, k] = 1
+    for kind in (_TX_MOVE, _POP):
+        for g in range(events.count[kind]):
+            rec.act[events.who[kind, g], k] = 1
+    room = True
+    for i in range(na):
+        r = a_list[i]
+        act_total[k] += rec.act[r, k]
+        old, new = rec.conf[r, k], conf_now[r]
+        conf_total[k] += new - old
+        rec.conf[r, k] = new
+        if old > 0 and new == 0:
+            for j in range(conf_count[k]):
+                if conf_cells[k, j] == r:
+                    conf_count[k] -= 1
+                    conf_cells[k, j] = conf_cells[k, conf_count[k]]
+                    break
+        elif old == 0 and new > 0:
+            if conf_count[k] == conf_cells.shape[1]:
+                room = False
+            else:
+                conf_cells[k, conf_count[k]] = r
+                conf_count[k] += 1
+    for p in range(ports.left.shape[0]):
+        if in_a[ports.router[p]]:
+            rec.inject[p, k] = -1
+    for g in range(events.count[_INJECT]):
+        rec.inject[events.who[_INJECT, g], k] = events.color[_INJECT, g]
+    return room
+
+
+@njit(cache=True, nogil=True)
+def _ring(queues, k, rec, a_list, na, in_a, t, ring_mark, ring, nbr_ptr, nbr):
+    """The cells one hop outside the stepped ones into ``ring``, their queue counts the record's
+    (the room a stepped cell's grant needs); returns how many."""
+    colors = queues.router_fifo.shape[1]
+    nr = 0
+    for i in range(na):
+        r = a_list[i]
+        for j in range(nbr_ptr[r], nbr_ptr[r + 1]):
+            s = nbr[j]
+            if not in_a[s] and ring_mark[s] != t:
+                ring_mark[s] = t
+                ring[nr] = s
+                nr += 1
+                for c in range(colors):
+                    queues.router_fifo[s, c] = rec.fifo[s, k, c]
+                    queues.rx[s, c] = rec.rx[s, k, c]
+    return nr
+
+
+@njit(cache=True, nogil=True)
+def _cycle(routes, rows, index, ports, ops, queues, cores, events, t, k, rec, a_list, na, in_a, ring, nr,
+           conf_now):
+    """Cycle ``t`` of the stepped cells (each router's conflicts into ``conf_now``), the ring's recorded grants into them and the background's recorded injections; returns
+    ``(moves, conflicts, PEs finished, last exit or -1)``."""
+    colors = queues.router_fifo.shape[1]
+    depth = routes.tx_depth
+    first_color = t % colors
+    count = events.count
+    count[:_WRITE] = 0
+    conflicts = 0
+    for i in range(na):
+        r = a_list[i]
+        conf_now[r] = 0
+        if queues.busy_fifos[r] != 0:
+            conf_now[r] = _grant_router(rows, index, queues.router_fifo, queues.busy_fifos[r], queues.rx,
+                                        routes.router_depth, routes.rx_depth, events, r, first_color, colors)
+            conflicts += conf_now[r]
+        if queues.tx_count[r] > 0:
+            _grant_tx_move(rows, index, queues.router_fifo, routes.router_depth, queues.tx_colors,
+                           queues.tx_head, events, r)
+    conflicts += _grant_injections(routes, queues, ports, first_color, events, in_a)
+    _, finished, last_exit = _step_pes(ops, cores, queues, depth, events, t, a_list, na)
+    moves = count[_GRANT] + count[_INJECT] + count[_TX_MOVE] + count[_POP] + count[_WRITE]
+    _apply_grants(rows, index, queues, events)
+    _apply_injections(queues, ports, events)
+    _apply_tx_moves(queues, depth, events)
+    for i in range(nr):
+        s = ring[i]
+        bits = rec.grant[s, k]
+        c = 0
+        while bits != 0:
+            if bits & 1:
+                row = index[s, c]
+                for q in range(rows[row, _N]):
+                    to = s + rows[row, _TARGETS + 2 * q + 1]
+                    if in_a[to] and rows[row, _TARGETS + 2 * q] == TO_ROUTER:
+                        _push_fifo(queues, to, c)
+                    elif in_a[to] and rows[row, _TARGETS + 2 * q] == TO_PE:
+                        queues.rx[to, c] += 1
+            bits >>= 1
+            c += 1
+    for p in range(ports.left.shape[0]):        # the background's ports inject as recorded
+        c = rec.inject[p, k]
+        if c >= 0 and not in_a[ports.router[p]]:
+            ports.left[p, c] -= 1
+            ports.left_total[p] -= 1
+    _apply_pe_queues(queues, depth, events)
+    return moves, conflicts, finished, last_exit
+
+
+@njit(cache=True, nogil=True)
+def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period, rec, base,
+            forced, open_cells, conf_count, conf_cells, act_total, conf_total, nbr_ptr, nbr, in_a, max_active,
+            stats):
+    """Step the cells that may differ from the record (module docstring) from the start of cycle
+    ``scalars[_T]`` (in ``t0 .. t0 + period``) on, the others taken from ``rec`` (op rows ``base``
+    on), writing the stepped cells' states and moves into ``rec`` as it goes; returns why it
+    stopped: ``_REBASE`` at ``t0 + period`` (``rec`` then holds the period just stepped, true for
+    every cell), ``_TOO_BIG``, ``_STILL`` or ``_OUT_OF_TIME``, with ``scalars`` holding the cycle,
+    the last cycle with a move and the conflicts. ``in_a`` marks the stepped cells, whose state in
+    ``queues`` and ``cores`` is true; ``forced`` lists the cells whose op rows do not repeat the
+    record's, ``open_cells`` those whose record does not close, ``conf_cells[k, :conf_count[k]]``
+    those with conflicts at phase ``k``, ``act_total[k]`` and ``conf_total[k]`` the record's moving
+    cells and conflicts at phase ``k`` (all three kept up to date as the record is rewritten); ``stats`` gathers the cycles stepped, the cells
+    stepped in them and the deviant cells."""
+    cells, colors = queues.router_fifo.shape
+    rotation_same = period % colors == 0
+    t, last, conflicts = scalars[_T], scalars[_LAST], scalars[_CONFLICTS]
+    running = scalars[_RUNNING]
+    mark = np.full(cells, -1, np.int64)
+    ring_mark = np.full(cells, -1, np.int64)
+    pending = np.full(cells, -1, np.int8)
+    a_list = np.zeros(cells, np.int32)
+    a_count = 0
+    for r in range(cells):
+        if in_a[r]:
+            a_list[a_count] = r
+            a_count += 1
+    dev = np.empty(2 * cells + forced.shape[0] + open_cells.shape[0] + conf_cells.shape[1], np.int32)
+    conf_now = np.zeros(cells, np.int64)
+    is_forced = np.zeros(cells, np.bool_)
+    is_forced[forced] = True
+    new_a = np.empty(cells, np.int32)
+    ring = np.empty(cells, np.int32)
+    while True:
+        if t >= limit:
+            status = _OUT_OF_TIME
+            break
+        k = t - t0
+        if k == period:
+            status = _REBASE
+            break
+        nd = _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, is_forced, in_a, pending,
+                       dev)
+        for i in range(forced.shape[0]):
+            dev[nd] = forced[i]
+            nd += 1
+        if k == period - 1:
+            for i in range(open_cells.shape[0]):
+                dev[nd] = open_cells[i]
+                nd += 1
+        if not rotation_same:
+            for i in range(conf_count[k]):
+                dev[nd] = conf_cells[k, i]
+                nd += 1
+        na = _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr)
+        bg_act, bg_conf = act_total[k], conf_total[k]
+        for i in range(na):
+            bg_act -= rec.act[new_a[i], k]
+            bg_conf -= rec.conf[new_a[i], k]
+        if na > max_active:
+            status = _TOO_BIG
+            break
+        if bg_act <= 0:         # a cycle the background would not move in: the engine's checks decide it
+            status = _STILL
+            break
+        _join(queues, cores, events, t, k, rec, base, a_list, a_count, new_a, na, mark, in_a, ring)
+        a_count = na
+        _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pending)
+        stats[0] += 1
+        stats[1] += na
+        stats[2] += nd
+        nr = _ring(queues, k, rec, a_list, na, in_a, t, ring_mark, ring, nbr_ptr, nbr)
+        moves, cycle_conflicts, finished, last_exit = _cycle(routes, rows, index, ports, ops, queues, cores,
+                                                             events, t, k, rec, a_list, na, in_a, ring, nr,
+                                                             conf_now)
+        room = _capture_moves(events, ports, k, rec, a_list, na, in_a, conf_now, act_total, conf_total,
+                              conf_count, conf_cells)
+        running -= finished
+        if last_exit > last:
+            last = last_exit
+        if (moves > 0 or bg_act > 0) and t > last:
+            last = t
+        conflicts += cycle_conflicts + bg_conf
+        t += 1
+        if not room:        # more cells with conflicts at a phase than its list holds: stop here
+            status = _TOO_BIG
+            break
+        if t - t0 == period:        # the state at the end of the period, of the cells stepped last
+            _capture(queues, cores, events, ports, t, period, rec, base, a_list, na, in_a, pending)
+    scalars[_T], scalars[_LAST], scalars[_CONFLICTS], scalars[_RUNNING] = t, last, conflicts, running
+    return status
+
+
+
+
+@njit(cache=True, nogil=True)
+def _cell_hashes(fifo, rx, tx, done, free, index, written, writes):
+    """A 64-bit hash of each cell's relative state (the period search's snapshot arrays): where a
+    stop's cells differ from an earlier stop's (a proposal only: equal hashes prove nothing)."""
+    cells = fifo.shape[0]
+    out = np.empty(cells, np.uint64)
+    mix = np.uint64(0x9E3779B97F4A7C15)
+    for r in range(cells):
+        h = np.uint64(1469598103934665603)
+        for c in range(fifo.shape[1]):
+            h = (h ^ np.uint64((fifo[r, c] & 0xFF) | ((rx[r, c] & 0xFF) << 8))) * mix
+        for j in range(tx.shape[1]):
+            h = (h ^ np.uint64(tx[r, j] & 0xFF)) * mix
+        h = (h ^ np.uint64((free[r] & 0xFFFFFFFF) | ((index[r] & 0xFFFFFF) << 32))) * mix
+        h = (h ^ np.uint64((writes[r] & 0xFF) | (2 if done[r] else 0) << 8 | (1 if written[r] else 0) << 10)) * mix
+        out[r] = h
+    return out

@@ -1,0 +1,313 @@
+"""The region replay (:mod:`wse.host.compiler.replay_region`) against the plain replay.
+
+The direct proof: from a state at some cycle, a recorded period and the region
+replay up to a limit leave the reference replay's whole state at the cycle
+they stopped at (queues, cores, pending writes, edge ports, counters), cut by
+the limit in mid-run or ended by the region replay itself. Then the counts and
+every PE's last cycle with and without regions on square, non-square,
+one-row and one-column meshes, uneven token blocks and two hidden layers, on
+both engines and on random small shapes; the record's byte budget and the
+region's size limit; and the golden model's cycles on a phase where a region ran.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mlps import mlp
+
+from wse.config import FabricConfig
+from wse.host.compiler import replay_region, trace
+from wse.host.compiler import replay as engine
+from wse.host.compiler.cycles import Network, phase_injections, phase_ops
+from wse.host.compiler.replay_periods import _snapshot
+from wse.host.compiler.replay_state import _edge_ports, _new_scalars, _new_state
+from wse.host.compiler.weight_streaming import plan
+
+
+@functools.lru_cache(maxsize=4)
+def _plan(mesh, sizes, batch, depths=()):
+    torch.manual_seed(0)
+    config = FabricConfig(width=mesh[0], height=mesh[1], **dict(depths))
+    exe_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])), config, batch)
+    return exe_plan, Network(config, exe_plan.routes)
+
+
+def _phases(mesh, sizes, batch, depths=()):
+    """``(name, network, (ops, starts, ends, inject))`` of every phase of the MLP ``sizes`` on ``mesh``."""
+    exe_plan, network = _plan(mesh, tuple(sizes), batch, tuple(sorted(dict(depths).items())))
+    for name, phase in exe_plan.phases.items():
+        yield name, network, (*phase_ops(exe_plan, phase), phase_injections(phase))
+
+
+def _phase(mesh, sizes, batch, name):
+    """``(network, (ops, starts, ends, inject))`` of the phase ``name``."""
+    return next((network, inputs) for n, network, inputs in _phases(mesh, sizes, batch) if n == name)
+
+
+@pytest.fixture
+def searches(monkeypatch):
+    """Every :class:`~wse.host.compiler.replay_region.RegionSearch` a replay makes, in order."""
+    made = []
+
+    class Spy(replay_region.RegionSearch):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    monkeypatch.setattr(replay_region, "RegionSearch", Spy)
+    return made
+
+
+# The state at the end of a region replay ---------------------------------------------------
+
+class _Run:
+    """One replay of a phase stepped by hand: the replay's state, counters and edge ports."""
+
+    def __init__(self, network, ops, starts, ends, inject):
+        self.network, self.colors = network, network.config.colors
+        self.routes = network.routes()
+        self.ports = _edge_ports(network, inject)
+        self.starts = starts.astype(np.int64)
+        self.ops = np.ascontiguousarray(ops, dtype=np.int32)
+        self.queues, self.cores, self.events = _new_state(self.routes, self.ports, self.starts)
+        self.scalars = _new_scalars(self.starts, self.ports, -1)
+
+    def run_to(self, cycle: int) -> int:
+        """The reference engine to the start of ``cycle``."""
+        return engine._run(self.routes, self.ports, self.ops, self.queues, self.cores, self.events, self.scalars,
+                           cycle, -1)
+
+    def state(self) -> dict:
+        """The relative state (``replay_periods._snapshot``), the counters and every PE's ``free_at``."""
+        snap = _snapshot(self.queues, self.cores, self.events, self.ports, int(self.scalars[engine._T]), self.colors,
+                         self.scalars)
+        snap["scalars"] = self.scalars.copy()
+        snap["free_at"] = self.cores.free_at.copy()
+        return snap
+
+
+def _differences(a: dict, b: dict) -> list:
+    """What differs between two states (:meth:`_Run.state`), by name, with the first cells that differ."""
+    out = []
+    for key in a["rel"]:
+        x, y = np.asarray(a["rel"][key]), np.asarray(b["rel"][key])
+        if x.shape != y.shape or not np.array_equal(x, y):
+            cells = np.flatnonzero((x != y).reshape(x.shape[0], -1).any(axis=1))[:8] if x.shape == y.shape else []
+            out.append((key, list(cells)))
+    for key in ("pc", "left", "free_at", "scalars"):
+        if not np.array_equal(a[key], b[key]):
+            out.append((key, list(np.flatnonzero(a[key] != b[key])[:8])))
+    for key in ("t", "conflicts", "last"):
+        if a[key] != b[key]:
+            out.append((key, a[key], b[key]))
+    return out
+
+
+def _attempt(mesh, sizes, batch, name, t0, period, limit):
+    """The region replay of ``name`` from cycle ``t0`` with the period ``period``, up to ``limit``:
+    ``(status, its RegionSearch, its state, the reference replay's state at the same cycle)``."""
+    network, inputs = _phase(mesh, sizes, batch, name)
+    run = _Run(network, *inputs)
+    assert run.run_to(t0) == engine._OUT_OF_TIME and run.scalars[engine._T] == t0
+    search = replay_region.RegionSearch(run.routes, run.ports, run.ops)
+    status = search._attempt(period, run.queues, run.cores, run.events, run.scalars, limit)
+    reached = run.state()
+    reference = _Run(network, *inputs)
+    assert reference.run_to(reached["t"]) == engine._OUT_OF_TIME
+    return status, search, reached, reference.state()
+
+
+# (mesh, sizes, batch, phase, first cycle, period, [(limit, why the region replay ended)]): limits in
+# mid-run and none (the region replay ends by itself: grown too big, or a background that stands still);
+# a limit at the end of the second period leaves no room for the record and a period after it: nothing
+# runs (why None). The first cycles and periods are tries of the period search's stops.
+_NONE = 1 << 40
+MLP1024 = ((32, 32), (1024, 1024, 1024, 10), 256)
+ATTEMPTS = [
+    (*MLP1024, "bwd-data 4", 487, 42, [(571, None), (572, "limit"), (590, "limit"), (612, "limit"),
+                                       (_NONE, "ended")]),
+    ((10, 2), (8, 60, 60, 4), 23, "fwd 2", 437, 202, [(_NONE, "ended")]),
+    ((8, 8), (100, 128, 128, 10), 32, "fwd 2", 1213, 590, [(_NONE, "ended")]),
+]
+SLOW_ATTEMPTS = [
+    ((64, 64), (2048, 2048, 2048, 10), 512, "fwd 0", 3728, 538, [(4900, "limit"), (8000, "limit")]),
+    (*MLP1024, "fwd 0", 4708, 538, [(6000, "limit"), (7500, "limit"), (_NONE, "ended")]),
+    (*MLP1024, "bwd-data 4", 2773, 678, [(4500, "limit"), (6000, "limit"), (_NONE, "ended")]),
+]
+
+
+def _check_attempts(case):
+    mesh, sizes, batch, name, t0, period, limits = case
+    stepped = 0
+    for limit, why in limits:
+        status, search, reached, reference = _attempt(mesh, sizes, batch, name, t0, period, limit)
+        assert not _differences(reached, reference), (case, limit, search.runs, _differences(reached, reference))
+        if why is None:
+            assert status is None and not search.runs and reached["t"] == t0, (limit, status, search.runs)
+            continue
+        assert status == engine._STOPPED, (case, limit, status)
+        assert len(search.runs) == 1, (limit, search.runs)
+        first, end, ended = search.runs[0]
+        assert first == t0 + period and end == reached["t"] and search.stats[0] == end - first > 0, \
+            (limit, search.runs, search.stats)
+        if why == "limit":
+            assert end == limit and ended == "limit", (limit, search.runs)
+        else:
+            assert end < limit and ended in ("region", "still"), (limit, search.runs)
+        stepped += int(search.stats[1])
+    return stepped
+
+
+@pytest.mark.parametrize("case", ATTEMPTS, ids=[f"{c[0][0]}x{c[0][1]}-{c[3]}" for c in ATTEMPTS])
+def test_a_region_replay_leaves_the_reference_state(case):
+    """The whole state after ``_attempt`` equals the reference replay's at the same cycle, at
+    limits inside the region replay and at its own end; the region replay stepped cycles (and,
+    on the 32x32 mesh, cells around the disturbance, not only the record's background)."""
+    stepped = _check_attempts(case)
+    assert case[0] != MLP1024[0] or stepped > 0, "no cell was stepped: only the record's background ran"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_ATTEMPTS, ids=[f"{c[0][0]}x{c[0][1]}-{c[3]}-{c[4]}" for c in SLOW_ATTEMPTS])
+def test_a_long_region_replay_leaves_the_reference_state(case):
+    """As above over thousands of cycles: the 2048-wide MLP's first forward phase on 64x64 and
+    the 1024-wide one's on 32x32, cut in mid-run and at their own ends."""
+    assert _check_attempts(case) > 0
+
+
+# Counts and last cycles with and without regions ---------------------------------------------
+
+def _counts(network, inputs, flag, monkeypatch, engine_name=None):
+    """``(cycles, every PE's last cycle)`` of a replay with regions on or off (no reduced replay of columns)."""
+    monkeypatch.setattr(replay_region, "REGION", flag)
+    count, exits = engine.run_replay(network, *inputs, engine=engine_name, columns=False)
+    return count, exits.copy()
+
+
+def _same_with_and_without(cases, monkeypatch, searches, engines=(None,)):
+    """Every phase of every case: the counts and exits with regions equal those without; the runs by case.
+    The choices of when to try are made eager (every stop, any period, any round): they change costs
+    only, and eager tries exercise the region replay in many more states."""
+    for name, value in (("MIN_PERIOD", 2), ("QUIET_STOPS", 1), ("FIRST_ROUND_ONLY", False)):
+        monkeypatch.setattr(replay_region, name, value)
+    runs = {}
+    for mesh, sizes, batch in cases:
+        for name, network, inputs in _phases(mesh, sizes, batch):
+            for engine_name in engines:
+                off = _counts(network, inputs, False, monkeypatch, engine_name)
+                searches.clear()
+                on = _counts(network, inputs, True, monkeypatch, engine_name)
+                assert on[0] == off[0] and np.array_equal(on[1], off[1]), (mesh, sizes, batch, name, engine_name)
+                for search in searches:
+                    cells = network.config.width * network.config.height
+                    assert search.stats[1] <= search.stats[0] * replay_region.MAX_SHARE * cells, search.stats
+                    runs.setdefault(mesh, []).extend(search.runs)
+    return {mesh: found for mesh, found in runs.items() if found}
+
+
+# square (two hidden layers), non-square, one row, one column, uneven token blocks (23 tokens on
+# 10 columns, 43 on 20)
+MESHES = [
+    ((8, 8), (100, 128, 128, 10), 32),
+    ((6, 4), (20, 96, 96, 5), 12),
+    ((8, 1), (6, 64, 64, 3), 12),
+    ((1, 8), (4, 128, 128, 3), 5),
+    ((10, 2), (8, 60, 60, 4), 23),
+    ((20, 4), (16, 80, 80, 6), 43),
+]
+
+
+def test_counts_and_last_cycles_are_the_same_without_regions(monkeypatch, searches):
+    """Every phase, on both engines: the cycles and every PE's last cycle with and without
+    regions; regions ran, some of them for several cycles."""
+    runs = _same_with_and_without(MESHES, monkeypatch, searches, engines=("reference", None))
+    assert any(end > first for found in runs.values() for first, end, _ in found), runs
+    assert runs.get((20, 4)) and runs.get((8, 8)), runs
+
+
+@pytest.mark.slow
+def test_counts_are_the_same_without_regions_on_32x32(monkeypatch, searches):
+    """The 1024-wide MLP on 32x32, where regions step thousands of cycles."""
+    runs = _same_with_and_without([MLP1024], monkeypatch, searches)
+    assert any(end - first > 1000 for first, end, _ in runs[MLP1024[0]]), runs
+
+
+@st.composite
+def _shapes(draw):
+    width, height = draw(st.integers(2, 8)), draw(st.integers(1, 6))
+    hidden = draw(st.integers(8, 24)) * height          # many rounds per streamed GEMM
+    sizes = (draw(st.integers(2, 12)), hidden, hidden, draw(st.integers(2, 6)))
+    batch = draw(st.integers(1, 6 * width))              # uneven token blocks too
+    depths = draw(st.sampled_from([{}, {"router_depth": 1, "rx_depth": 1, "tx_depth": 2}, {"colors": 7}]))
+    return (width, height), sizes, batch, tuple(sorted(depths.items()))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_shapes())
+def test_counts_are_the_same_without_regions_on_random_shapes(shape):
+    """Random small meshes, widths, batches, queue depths and color counts: the same cycles and
+    last cycles with and without regions, in every phase."""
+    mesh, sizes, batch, depths = shape
+    saved = replay_region.REGION
+    try:
+        for name, network, inputs in _phases(mesh, sizes, batch, depths):
+            replay_region.REGION = False
+            off = engine.run_replay(network, *inputs, columns=False)
+            replay_region.REGION = True
+            on = engine.run_replay(network, *inputs, columns=False)
+            assert on[0] == off[0] and np.array_equal(on[1], off[1]), (shape, name)
+    finally:
+        replay_region.REGION = saved
+
+
+# Budgets and limits --------------------------------------------------------------------------
+
+def test_no_region_runs_without_room_for_a_record(monkeypatch, searches):
+    """A record budget of one byte: no period is proposed, no region runs, the same counts."""
+    monkeypatch.setattr(replay_region, "RECORD_BYTES", 1)
+    runs = _same_with_and_without([((10, 2), (8, 60, 60, 4), 23), ((20, 4), (16, 80, 80, 6), 43)],
+                                  monkeypatch, searches)
+    assert not runs, runs
+
+
+def test_a_region_with_no_room_ends_at_once(monkeypatch, searches):
+    """``MAX_SHARE = 0``: no cell is ever stepped (a try whose first stepped set is not empty
+    ends where it began, with "region"), the same counts."""
+    monkeypatch.setattr(replay_region, "MAX_SHARE", 0)
+    runs = _same_with_and_without([((20, 4), (16, 80, 80, 6), 43), ((10, 2), (8, 60, 60, 4), 23)],
+                                  monkeypatch, searches)
+    assert runs, "no region replay was tried"
+    assert all(search.stats[1] == 0 for search in searches)
+
+
+# The golden model ----------------------------------------------------------------------------
+
+def test_a_phase_with_a_region_counts_the_golden_models_cycles(searches):
+    """The second forward phase of a 10x2 mesh with uneven token blocks, replayed with regions
+    (the replay of the compiled executable's op images): the golden fabric's cycles."""
+    from wse.host.compiler import compile_model
+    from wse.host.compiler.cycles import executable_phase_ops
+    from wse.host.runtime import Runtime
+    from wse.host.runtime.golden import GoldenBackend
+    (width, height), sizes, batch = (10, 2), (8, 60, 60, 4), 23
+    torch.manual_seed(0)
+    exe = compile_model(mlp(*sizes), torch.randn(batch, sizes[0]), batch=batch,
+                        config=FabricConfig(width=width, height=height), cycles=False)
+    name = "fwd 2"
+    phase = exe.phases[name]
+    images = {addr: image for addr, image in exe.static}
+    network = Network(exe.config, exe.routes)
+    assert replay_region.REGION
+    count, _ = engine.run_replay(network, *executable_phase_ops(exe, images[phase.ops_addr]),
+                                 phase_injections(phase), columns=False)
+    assert any(end > first for search in searches for first, end, _ in search.runs), "no region ran"
+    backend = GoldenBackend(exe)
+    backend.load()
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    backend._copy_in(Runtime(exe, "functional")._host(x, rng.integers(0, sizes[-1], batch)))
+    weights = {key: rng.standard_normal(shape).astype(np.float32) for key, shape in exe.parameters().items()}
+    assert backend.run_phase(name, weights, {}) == count
