@@ -66,10 +66,10 @@ import time
 import numpy as np
 
 from .network import TO_PE, TO_ROUTER
-from .replay import _FIFOS, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed, _run
+from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
 from .replay_periods import _repeats
 from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, Record, _by_cell, _by_phase, _cell_hashes,
-                                  _materialize, _region, _take, _take_conflicts, _take_moves, record_bytes)
+                                  _materialize, _record, _region, record_bytes)
 from .replay_state import _EVENT_KINDS, Events
 
 __all__ = ["RegionSearch", "REGION"]
@@ -90,6 +90,9 @@ MIN_PERIOD = 256
 #: in the first (measured: a try in the last layer's ``bwd-data``'s second round cost 2 CPU s on
 #: 128x128 and its record did not close).
 FIRST_ROUND_ONLY = True
+#: The fewest PEs a mesh must have for a try: a smaller mesh's replay costs less than a record
+#: (FC-MNIST's cycle model on 16x16 took 1.8 CPU s with tries, 0.43 without).
+MIN_CELLS = 1024
 #: The most bytes a record may take.
 RECORD_BYTES = 2 << 30
 def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:
@@ -189,9 +192,9 @@ class RegionSearch:
         round): None if nothing ran (the state is as it was), else the replay's status from the
         state it left (:data:`.replay._STOPPED`: going on from a later cycle; :data:`.replay._FINISHED`
         or a hang: the run ended while the period was recorded)."""
-        if FIRST_ROUND_ONLY and not first_round:
-            return None
         cells, colors = queues.router_fifo.shape
+        if (FIRST_ROUND_ONLY and not first_round) or cells < MIN_CELLS:
+            return None
         t, sig = int(now["t"]), self._signature(now)
         if self._since is not None:
             self.rates[2:] += (time.thread_time() - self._since[0], t - self._since[1])
@@ -241,17 +244,10 @@ class RegionSearch:
         rows, index = _packed(routes)
         scratch = Events(np.zeros(_EVENT_KINDS, np.int64), np.zeros((_EVENT_KINDS, colors), np.int32),
                          np.zeros((_EVENT_KINDS, colors), np.int8))
-        for k in range(period):
-            _take(queues, cores, events, ports, t0 + k, k, rec)
-            _take_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch,
-                            k, rec)
-            status = _run(routes, ports, ops, queues, cores, events, scalars, t0 + k + 1, -1)
-            if status != _OUT_OF_TIME:
-                return status
-            if scalars[_T] != t0 + k + 1:       # an idle skip: no period to keep
-                return _STOPPED
-            _take_moves(events, k, rec)
-        _take(queues, cores, events, ports, t0 + period, period, rec)
+        status = _record(routes, rows, index, _NO_PROBE, ports, ops, queues, cores, events, scalars, period, rec,
+                         scratch)
+        if status != _OUT_OF_TIME:        # the run ended, or an idle skip left no period to keep
+            return status
         rec = _by_cell(rec)
         began = t0 + period
         base = np.zeros(cells, np.int64)

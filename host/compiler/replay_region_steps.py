@@ -11,9 +11,9 @@ import numpy as np
 from numba import njit
 
 from .network import TO_PE, TO_ROUTER
-from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP, _RUNNING, _T, _TARGETS,
+from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP, _RUNNING, _STOPPED, _T, _TARGETS,
                      _TX_MOVE, _WRITE, _apply_grants, _apply_injections, _apply_pe_queues, _apply_tx_moves,
-                     _grant_injections, _grant_router, _grant_tx_move, _push_fifo, _step_pes)
+                     _grant_injections, _grant_router, _grant_tx_move, _push_fifo, _run_packed, _step_pes)
 
 __all__ = ["Record", "record_bytes"]
 
@@ -152,6 +152,29 @@ def _take_moves(events, k, rec):
     rec.inject[k, :] = -1
     for g in range(events.count[_INJECT]):
         rec.inject[k, events.who[_INJECT, g]] = events.color[_INJECT, g]
+
+
+@njit(cache=True, nogil=True)
+def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scalars, period, rec, scratch):
+    """Run ``period`` cycles from the start of cycle ``scalars[_T]`` on the reference engine, a cycle
+    at a time, taking each into ``rec`` (phase first) and the state after them as its last row;
+    returns ``_OUT_OF_TIME`` when all were taken, ``_STOPPED`` if the idle skip jumped (no period to
+    keep; the run goes on from there), or the run's end (finished or hung) as the engine gave it."""
+    colors = queues.router_fifo.shape[1]
+    t0 = scalars[_T]
+    for k in range(period):
+        _take(queues, cores, events, ports, t0 + k, k, rec)
+        _take_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch, k,
+                        rec)
+        status = _run_packed(routes, ports, ops, queues, cores, events, scalars, t0 + k + 1, -1, rows, index,
+                             probe)
+        if status != _OUT_OF_TIME:
+            return status
+        if scalars[_T] != t0 + k + 1:
+            return _STOPPED
+        _take_moves(events, k, rec)
+    _take(queues, cores, events, ports, t0 + period, period, rec)
+    return _OUT_OF_TIME
 
 
 # Speed: every helper below loops over cells itself. A per-cell helper taking the named tuples
