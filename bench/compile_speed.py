@@ -228,6 +228,17 @@ def _warm_up() -> None:
         cycles.phase_cycles(the_plan, progress=False, reuse=False)
     finally:
         replay_state.QUEUE_COUNTS = np.int8
+    from wse.host.compiler import replay_region              # the region replay, its tries made eager
+    eager = {"MIN_CELLS": 1, "MIN_PERIOD": 2, "QUIET_STOPS": 1, "FIRST_ROUND_ONLY": False}
+    saved = {k: getattr(replay_region, k) for k in eager}
+    try:
+        for k, v in eager.items():
+            setattr(replay_region, k, v)
+        small = plan(trace(_model((100, 128, 128, 10)), torch.randn(2, 100)), FabricConfig(width=8, height=8), 32)
+        cycles.phase_cycles(small, progress=False, reuse=False)
+    finally:
+        for k, v in saved.items():
+            setattr(replay_region, k, v)
 
 
 def main(argv=None) -> int:

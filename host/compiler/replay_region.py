@@ -91,8 +91,10 @@ MIN_PERIOD = 256
 #: 128x128 and its record did not close).
 FIRST_ROUND_ONLY = True
 #: The fewest PEs a mesh must have for a try: a smaller mesh's replay costs less than a record
-#: (FC-MNIST's cycle model on 16x16 took 1.8 CPU s with tries, 0.43 without).
-MIN_CELLS = 1024
+#: (FC-MNIST's cycle model on 16x16 took 1.8 CPU s with tries, 0.43 without; the 1024-wide MLP's on
+#: 32x32 1.17 against 1.06, the 2048-wide one's on 64x64 the same; the 4096-wide one's on 128x128
+#: 35.2 against 37.3, one thread).
+MIN_CELLS = 8192
 #: The most bytes a record may take.
 RECORD_BYTES = 2 << 30
 def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:

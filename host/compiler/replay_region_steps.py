@@ -137,6 +137,26 @@ def _take_conflicts(rows, index, queues, router_depth, rx_depth, first_color, sc
 
 
 @njit(cache=True, nogil=True)
+def _port_conflicts(routes, queues, ports, first_color, only, out):
+    """Add to ``out[r]`` the conflicts of router ``r``'s edge ports (:func:`.replay._grant_injections`:
+    a port where a second color could go after the first), for the routers ``only`` marks (all if
+    it is empty): a port's choice depends on the rotation as a router's grants do."""
+    input_port, router_fifo = routes.input_port, queues.router_fifo
+    colors = input_port.shape[1]
+    for p in range(ports.router.shape[0]):
+        r = ports.router[p]
+        if ports.left_total[p] == 0 or (only.shape[0] > 0 and not only[r]):
+            continue
+        ready = 0
+        for q in range(colors):
+            c = (first_color + q) % colors
+            if ports.left[p, c] > 0 and input_port[r, c] == ports.code[p] and router_fifo[r, c] < routes.router_depth:
+                ready += 1
+        if ready > 1:
+            out[r] += 1
+
+
+@njit(cache=True, nogil=True)
 def _take_moves(events, k, rec):
     """What cycle ``t0 + k`` (just run) moved, per cell; its writes are the pending ones of row ``k``."""
     rec.grant[k, :] = 0
@@ -166,6 +186,7 @@ def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scala
         _take(queues, cores, events, ports, t0 + k, k, rec)
         _take_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch, k,
                         rec)
+        _port_conflicts(routes, queues, ports, (t0 + k) % colors, np.zeros(0, np.bool_), rec.conf[k])
         status = _run_packed(routes, ports, ops, queues, cores, events, scalars, t0 + k + 1, -1, rows, index,
                              probe)
         if status != _OUT_OF_TIME:
@@ -183,8 +204,8 @@ def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scala
 @njit(cache=True, nogil=True)
 def _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, forced, in_a, pending, dev):
     """The stepped cells that are not forced and whose state at the start of cycle ``t`` is not the
-    record's at phase ``k`` (op rows ``base`` on), and the routers of the background's edge ports whose
-    colors left are not the record's, into ``dev``; returns how many."""
+    record's at phase ``k`` (op rows ``base`` on), and the routers of the edge ports whose colors left
+    are not the record's, into ``dev``; returns how many."""
     colors = queues.router_fifo.shape[1]
     depth = queues.tx_colors.shape[1]
     count = events.count
@@ -220,14 +241,13 @@ def _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, fo
             nd += 1
     for g in range(count[_WRITE]):
         pending[events.who[_WRITE, g]] = -1
-    for p in range(ports.left.shape[0]):
+    for p in range(ports.left.shape[0]):           # a port's colors left are part of its router's state
         r = ports.router[p]
-        if not in_a[r]:
-            for c in range(colors):
-                if (ports.left[p, c] > 0) != rec.has[p, k, c]:
-                    dev[nd] = r
-                    nd += 1
-                    break
+        for c in range(colors):
+            if (ports.left[p, c] > 0) != rec.has[p, k, c]:
+                dev[nd] = r
+                nd += 1
+                break
     return nd
 
 
@@ -427,8 +447,9 @@ def _ring(queues, k, rec, a_list, na, in_a, t, ring_mark, ring, nbr_ptr, nbr):
 @njit(cache=True, nogil=True)
 def _cycle(routes, rows, index, ports, ops, queues, cores, events, t, k, rec, a_list, na, in_a, ring, nr,
            conf_now):
-    """Cycle ``t`` of the stepped cells (each router's conflicts into ``conf_now``), the ring's recorded grants into them and the background's recorded injections; returns
-    ``(moves, conflicts, PEs finished, last exit or -1)``."""
+    """Cycle ``t`` of the stepped cells (each router's conflicts, its edge ports' included, into
+    ``conf_now``), the ring's recorded grants into them and the background's recorded injections;
+    returns ``(moves, conflicts, PEs finished, last exit or -1)``."""
     colors = queues.router_fifo.shape[1]
     depth = routes.tx_depth
     first_color = t % colors
@@ -445,6 +466,7 @@ def _cycle(routes, rows, index, ports, ops, queues, cores, events, t, k, rec, a_
         if queues.tx_count[r] > 0:
             _grant_tx_move(rows, index, queues.router_fifo, routes.router_depth, queues.tx_colors,
                            queues.tx_head, events, r)
+    _port_conflicts(routes, queues, ports, first_color, in_a, conf_now)
     conflicts += _grant_injections(routes, queues, ports, first_color, events, in_a)
     _, finished, last_exit = _step_pes(ops, cores, queues, depth, events, t, a_list, na)
     moves = count[_GRANT] + count[_INJECT] + count[_TX_MOVE] + count[_POP] + count[_WRITE]
