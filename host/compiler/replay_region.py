@@ -95,7 +95,7 @@ FIRST_ROUND_ONLY = True
 #: 32x32 1.17 against 1.06, the 2048-wide one's on 64x64 the same; the 4096-wide one's on 128x128
 #: 35.2 against 37.3, one thread).
 MIN_CELLS = 8192
-#: The most bytes a record may take.
+#: The most bytes a record may take, counted twice: it is taken phase first and then turned cell first.
 RECORD_BYTES = 2 << 30
 def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:
     """Set every cell outside ``in_a`` to the record's state at the start of cycle ``scalars[_T]``
@@ -205,7 +205,7 @@ class RegionSearch:
         return result
 
     def _offer(self, t, sig, cells, colors, queues, cores, events, scalars, limit):
-        budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth) // 2)
+        budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth))   # 2 copies of a cycle
         kept = dict(self.signatures)
         period = None
         for earlier, old in reversed(self.signatures):     # a period seen twice: t - 2D, t - D and t alike
