@@ -68,8 +68,8 @@ import numpy as np
 from .network import TO_PE, TO_ROUTER
 from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
 from .replay_periods import _repeats
-from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, Record, _by_cell, _by_phase, _cell_hashes,
-                                  _materialize, _record, _region, record_bytes)
+from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, Record, _cell_hashes, _materialize, _record, _region,
+                                  new_record, record_bytes)
 from .replay_state import _EVENT_KINDS, Events
 
 __all__ = ["RegionSearch", "REGION"]
@@ -95,7 +95,7 @@ FIRST_ROUND_ONLY = True
 #: 32x32 1.17 against 1.06, the 2048-wide one's on 64x64 the same; the 4096-wide one's on 128x128
 #: 35.2 against 37.3, one thread).
 MIN_CELLS = 8192
-#: The most bytes a record may take, counted twice: it is taken phase first and then turned cell first.
+#: The most bytes a record may take.
 RECORD_BYTES = 2 << 30
 def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:
     """Set every cell outside ``in_a`` to the record's state at the start of cycle ``scalars[_T]``
@@ -205,7 +205,7 @@ class RegionSearch:
         return result
 
     def _offer(self, t, sig, cells, colors, queues, cores, events, scalars, limit):
-        budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth))   # 2 copies of a cycle
+        budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth) // 2)
         kept = dict(self.signatures)
         period = None
         for earlier, old in reversed(self.signatures):     # a period seen twice: t - 2D, t - D and t alike
@@ -242,28 +242,22 @@ class RegionSearch:
             return None
         if self._nbr is None:
             self._nbr = neighbours(routes)
-        rec = _by_phase(period, cells, colors, routes.tx_depth, ports.left.shape[0])
+        rec = new_record(period, cells, colors, routes.tx_depth, ports.left.shape[0])
         rows, index = _packed(routes)
         scratch = Events(np.zeros(_EVENT_KINDS, np.int64), np.zeros((_EVENT_KINDS, colors), np.int32),
                          np.zeros((_EVENT_KINDS, colors), np.int8))
+        # Kept up to date as the record is taken and rewritten (_capture_moves): the moving cells and
+        # the conflicts of each phase, and the cells with conflicts at each phase (a list per phase; a
+        # phase with more than it holds stops the try).
+        act_total, conf_total = np.zeros(period, np.int64), np.zeros(period, np.int64)
+        conf_count, conf_cells = np.zeros(period, np.int64), np.zeros((period, max(64, cells // 16)), np.int32)
         status = _record(routes, rows, index, _NO_PROBE, ports, ops, queues, cores, events, scalars, period, rec,
-                         scratch)
-        if status != _OUT_OF_TIME:        # the run ended, or an idle skip left no period to keep
+                         scratch, act_total, conf_total, conf_count, conf_cells)
+        if status != _OUT_OF_TIME:        # the run ended, or no period to keep: the run goes on from here
             return status
-        rec = _by_cell(rec)
         began = t0 + period
         base = np.zeros(cells, np.int64)
         in_a = None
-        # Kept up to date by the region replay as it rewrites the record (_capture_moves): the moves and
-        # conflicts of each phase, and the cells with conflicts at each phase (a list per phase).
-        act_total, conf_total = rec.act.sum(axis=0, dtype=np.int64), rec.conf.sum(axis=0, dtype=np.int64)
-        cells_at, phases = np.nonzero(rec.conf > 0)
-        conf_count = np.bincount(phases, minlength=period).astype(np.int64)
-        conf_cells = np.zeros((period, int(conf_count.max(initial=0)) + 64), np.int32)
-        conf_count[:] = 0
-        for r, k in zip(cells_at.tolist(), phases.tolist()):
-            conf_cells[k, conf_count[k]] = r
-            conf_count[k] += 1
         while True:         # rec holds the period from t0; it becomes the record of the next one
             shift = rec.pc[:, period] - rec.pc[:, 0]
             closed = (shift >= 0) & (rec.free[:, period] == rec.free[:, 0]) & \

@@ -15,7 +15,7 @@ from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP,
                      _TX_MOVE, _WRITE, _apply_grants, _apply_injections, _apply_pe_queues, _apply_tx_moves,
                      _grant_injections, _grant_router, _grant_tx_move, _push_fifo, _run_packed, _step_pes)
 
-__all__ = ["Record", "record_bytes"]
+__all__ = ["Record", "new_record", "record_bytes"]
 
 #: Bytes of a record per cell and cycle, beside the queue counts and the output queue.
 _CELL_BYTES = 4 + 4 + 1 + 1 + 8 + 8 + 1 + 1
@@ -49,41 +49,16 @@ class Record(NamedTuple):
     inject: np.ndarray
 
 
-def _by_phase(period: int, cells: int, colors: int, depth: int, ports: int) -> Record:
-    """An empty record, phase first (``[k, cell, ...]``), as the whole fabric is taken a cycle at a
-    time (:func:`_take`); :func:`_by_cell` turns it cell first for the region replay."""
-    states, cycles = (period + 1, cells), (period, cells)
+def new_record(period: int, cells: int, colors: int, depth: int, ports: int) -> Record:
+    """An empty record of ``period`` cycles, cell (or port) first, ``[cell, k, ...]``: a stepped cell
+    reads its own rows at consecutive phases, cycle after cycle, so they share cache lines (phase
+    first, every cycle's reads of a cell missed the cache)."""
+    states, cycles = (cells, period + 1), (cells, period)
     return Record(np.zeros((*states, colors), np.int8), np.zeros((*states, colors), np.int8),
                   np.zeros((*states, depth), np.int8), np.zeros(states, np.int32), np.zeros(states, np.int32),
                   np.zeros(states, np.int8), np.zeros(states, np.int8), np.zeros(states, np.int64),
                   np.zeros(cycles, np.int64), np.zeros(cycles, np.int8), np.zeros(cycles, np.int8),
-                  np.zeros((period + 1, ports, colors), np.bool_), np.full((period, ports), -1, np.int8))
-
-
-def _by_cell(rec: Record) -> Record:
-    """``rec`` cell (or port) first, ``[cell, k, ...]``: a stepped cell reads its own rows at
-    consecutive phases, cycle after cycle, so they share cache lines (read phase first, every
-    cycle's reads of a cell missed the cache; written cell first, every cycle taken did)."""
-    out = []
-    for a in rec:
-        flat = a.reshape(a.shape[0], a.shape[1], int(np.prod(a.shape[2:], dtype=np.int64)))
-        moved = np.empty((a.shape[1], a.shape[0], flat.shape[2]), a.dtype)
-        _swap(flat, moved)
-        out.append(moved.reshape((a.shape[1], a.shape[0]) + a.shape[2:]))
-    return Record(*out)
-
-
-@njit(cache=True, nogil=True)
-def _swap(src, dst):
-    """``dst[i, k] = src[k, i]``, a block of 64 cells at a time (numpy's transpose of the record took
-    longer than the record itself: its writes fall a cache line apart)."""
-    phases, cells, width = src.shape
-    for i0 in range(0, cells, 64):
-        i1 = min(i0 + 64, cells)
-        for k in range(phases):
-            for i in range(i0, i1):
-                for w in range(width):
-                    dst[i, k, w] = src[k, i, w]
+                  np.zeros((ports, period + 1, colors), np.bool_), np.full((ports, period), -1, np.int8))
 
 
 def record_bytes(period: int, cells: int, colors: int, depth: int) -> int:
@@ -92,48 +67,16 @@ def record_bytes(period: int, cells: int, colors: int, depth: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _take(queues, cores, events, ports, t, k, rec):
-    """Row ``k`` of the record's states (phase first, :func:`_by_phase`): the relative state at the
-    start of cycle ``t``."""
-    cells, colors = queues.router_fifo.shape
-    for p in range(ports.left.shape[0]):
-        for c in range(colors):
-            rec.has[k, p, c] = ports.left[p, c] > 0
-    depth = queues.tx_colors.shape[1]
-    for r in range(cells):
-        for c in range(colors):
-            rec.fifo[k, r, c] = queues.router_fifo[r, c]
-            rec.rx[k, r, c] = queues.rx[r, c]
-        at = queues.tx_head[r]
-        for j in range(depth):          # the output queue from its head (no division: it cost half the time)
-            if j < queues.tx_count[r]:
-                rec.tx[k, r, j] = queues.tx_colors[r, at]
-                at = at + 1 if at + 1 < depth else 0
-            else:
-                rec.tx[k, r, j] = -1
-        if cores.done[r]:
-            rec.free[k, r], rec.index[k, r], rec.flags[k, r] = 0, 0, 2
-        else:
-            free = cores.free_at[r] - t
-            rec.free[k, r] = free if free > 0 else 0
-            rec.index[k, r] = cores.vector_index[r]
-            rec.flags[k, r] = 1 if cores.written_at[r] == t else 0
-        rec.write[k, r] = -1
-        rec.pc[k, r] = cores.pc[r]
-    for g in range(events.count[_WRITE]):
-        rec.write[k, events.who[_WRITE, g]] = events.color[_WRITE, g]
-
-
-@njit(cache=True, nogil=True)
-def _take_conflicts(rows, index, queues, router_depth, rx_depth, first_color, scratch, k, rec):
-    """Each router's conflicts at this start-of-cycle state (its grants taken into ``scratch``)."""
+def _router_conflicts(rows, index, queues, router_depth, rx_depth, first_color, scratch, out):
+    """Each router's conflicts at this start-of-cycle state into ``out`` (its grants taken into
+    ``scratch``, not recorded)."""
     cells, colors = queues.router_fifo.shape
     for r in range(cells):
-        rec.conf[k, r] = 0
+        out[r] = 0
         if queues.busy_fifos[r] != 0:
             scratch.count[_GRANT] = 0
-            rec.conf[k, r] = _grant_router(rows, index, queues.router_fifo, queues.busy_fifos[r], queues.rx,
-                                           router_depth, rx_depth, scratch, r, first_color, colors)
+            out[r] = _grant_router(rows, index, queues.router_fifo, queues.busy_fifos[r], queues.rx, router_depth,
+                                   rx_depth, scratch, r, first_color, colors)
 
 
 @njit(cache=True, nogil=True)
@@ -157,44 +100,36 @@ def _port_conflicts(routes, queues, ports, first_color, only, out):
 
 
 @njit(cache=True, nogil=True)
-def _take_moves(events, k, rec):
-    """What cycle ``t0 + k`` (just run) moved, per cell; its writes are the pending ones of row ``k``."""
-    rec.grant[k, :] = 0
-    for r in range(rec.act.shape[1]):
-        rec.act[k, r] = 1 if rec.write[k, r] >= 0 else 0
-    for g in range(events.count[_GRANT]):
-        r = events.who[_GRANT, g]
-        rec.grant[k, r] |= 1 << events.color[_GRANT, g]
-        rec.act[k, r] = 1
-    for kind in (_TX_MOVE, _POP):
-        for g in range(events.count[kind]):
-            rec.act[k, events.who[kind, g]] = 1
-    rec.inject[k, :] = -1
-    for g in range(events.count[_INJECT]):
-        rec.inject[k, events.who[_INJECT, g]] = events.color[_INJECT, g]
-
-
-@njit(cache=True, nogil=True)
-def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scalars, period, rec, scratch):
+def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scalars, period, rec, scratch,
+            act_total, conf_total, conf_count, conf_cells):
     """Run ``period`` cycles from the start of cycle ``scalars[_T]`` on the reference engine, a cycle
-    at a time, taking each into ``rec`` (phase first) and the state after them as its last row;
+    at a time, taking each into the empty record ``rec`` (:func:`_capture`, :func:`_capture_moves`
+    for every cell: the totals and conflict lists with it) and the state after them as its last row;
     returns ``_OUT_OF_TIME`` when all were taken, ``_STOPPED`` if the idle skip jumped (no period to
-    keep; the run goes on from there), or the run's end (finished or hung) as the engine gave it."""
-    colors = queues.router_fifo.shape[1]
+    keep; the run goes on from there) or a phase's conflict list overflowed, or the run's end
+    (finished or hung) as the engine gave it."""
+    cells, colors = queues.router_fifo.shape
     t0 = scalars[_T]
+    every = np.arange(cells).astype(np.int32)
+    stepped = np.ones(cells, np.bool_)
+    base = np.zeros(cells, np.int64)
+    pending = np.full(cells, -1, np.int8)
+    conf_now = np.zeros(cells, np.int64)
     for k in range(period):
-        _take(queues, cores, events, ports, t0 + k, k, rec)
-        _take_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch, k,
-                        rec)
-        _port_conflicts(routes, queues, ports, (t0 + k) % colors, np.zeros(0, np.bool_), rec.conf[k])
+        _capture(queues, cores, events, ports, t0 + k, k, rec, base, every, cells, stepped, pending)
+        _router_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch,
+                          conf_now)
+        _port_conflicts(routes, queues, ports, (t0 + k) % colors, np.zeros(0, np.bool_), conf_now)
         status = _run_packed(routes, ports, ops, queues, cores, events, scalars, t0 + k + 1, -1, rows, index,
                              probe)
         if status != _OUT_OF_TIME:
             return status
         if scalars[_T] != t0 + k + 1:
             return _STOPPED
-        _take_moves(events, k, rec)
-    _take(queues, cores, events, ports, t0 + period, period, rec)
+        if not _capture_moves(events, ports, k, rec, every, cells, stepped, conf_now, act_total, conf_total,
+                              conf_count, conf_cells):
+            return _STOPPED
+    _capture(queues, cores, events, ports, t0 + period, period, rec, base, every, cells, stepped, pending)
     return _OUT_OF_TIME
 
 
@@ -257,23 +192,21 @@ def _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr):
     returns how many."""
     na = 0
     for i in range(nd):
-        r = dev[i]
-        if mark[r] != t:
-            mark[r] = t
-            new_a[na] = r
+        if mark[dev[i]] != t:
+            mark[dev[i]] = t
+            new_a[na] = dev[i]
             na += 1
-        for j in range(nbr_ptr[r], nbr_ptr[r + 1]):
-            s = nbr[j]
-            if mark[s] != t:
-                mark[s] = t
-                new_a[na] = s
-                na += 1
-            for j2 in range(nbr_ptr[s], nbr_ptr[s + 1]):
-                u = nbr[j2]
-                if mark[u] != t:
-                    mark[u] = t
-                    new_a[na] = u
+    first = 0
+    for _ in range(2):              # a hop out from the cells found so far, twice
+        last = na
+        for i in range(first, last):
+            r = new_a[i]
+            for j in range(nbr_ptr[r], nbr_ptr[r + 1]):
+                if mark[nbr[j]] != t:
+                    mark[nbr[j]] = t
+                    new_a[na] = nbr[j]
                     na += 1
+        first = last
     return na
 
 
