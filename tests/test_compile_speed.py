@@ -159,6 +159,22 @@ def test_wavelets_held_for_good_in_the_fabric_are_a_hang_at_once(engine, periods
     assert time.perf_counter() - began < 30        # numba compiles included
 
 
+@pytest.mark.parametrize("engine", ["reference", "events"])
+def test_a_hang_after_a_pe_wakes_only_to_wait_is_reported_at_once(engine):
+    """A wavelet held for good while a PE is in private cycles: the stretch is not a hang while
+    that PE may still go on, and it is one once it woke and only waited (the check used to run
+    once a stretch, and such a replay stepped to its limit: 2**40 cycles by default)."""
+    from wse.firmware.training.timing import BUSY, RECV, VEC
+    network = Network(FabricConfig(width=2, height=1), [])
+    ops = np.array([[VEC, 1, -1, -1, 0, 0], [END, 0, 0, 0, 0, 0],       # PE 0: an element with no route
+                    [BUSY, 5, 0, 0, 0, 0], [RECV, 0, 0, 0, 0, 0], [END, 0, 0, 0, 0, 0]],     # PE 1: waits
+                   np.int32)
+    began = time.perf_counter()
+    with pytest.raises(RuntimeError, match="hung"):
+        replay(network, ops, np.array([0, 2]), np.array([2, 5]), {}, limit=10**8, periods=False, engine=engine)
+    assert time.perf_counter() - began < 30        # numba compiles included; 10**8 cycles take minutes
+
+
 def test_wavelets_left_in_an_input_queue_are_a_hang():
     """Wavelets delivered to a PE that never takes them: the golden model hangs, so does the replay."""
     config = FabricConfig(width=2, height=1, colors=4, rx_depth=4)

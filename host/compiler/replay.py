@@ -442,7 +442,7 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
     t, running, nonempty_fifos = scalars[_T], scalars[_RUNNING], scalars[_FIFOS]
     tx_wavelets, to_inject, last = scalars[_TX], scalars[_TO_INJECT], scalars[_LAST]
     status = _FINISHED
-    frozen = False              # the last cycle moved nothing, with wavelets held (see below)
+    frozen_until = -1           # in a stretch of cycles that moved nothing, the wake found (see below)
     every_pe = np.zeros(0, dtype=np.int32)
     every_router = np.zeros(0, dtype=np.bool_)
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
@@ -492,13 +492,15 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
             # Nothing moved, with wavelets held in FIFOs or output queues: no color could go
             # in this cycle's rotation, so none can in any (the rotation only orders colors
             # that can go), and the state stays as it is until a PE in private cycles goes
-            # on. With none, it stays so for good: the fabric is deadlocked (checked once a
-            # stretch of such cycles, as the wake found then is still due).
-            if not frozen and _next_wake(cores, t, _NO_WAKE) == _NO_WAKE:
-                return _DEADLOCK
-            frozen = True
+            # on. With none, it stays so for good: the fabric is deadlocked (checked when a
+            # stretch of such cycles begins and again once the wake found then has passed: the
+            # PE that woke may only have waited).
+            if frozen_until < t:
+                frozen_until = _next_wake(cores, t, _NO_WAKE)
+                if frozen_until == _NO_WAKE:
+                    return _DEADLOCK
         else:
-            frozen = False
+            frozen_until = -1
         t += 1
     scalars[_T], scalars[_RUNNING], scalars[_FIFOS] = t, running, nonempty_fifos
     scalars[_TX], scalars[_TO_INJECT], scalars[_LAST] = tx_wavelets, to_inject, last

@@ -402,7 +402,7 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
     wakes = _new_wakes(queues, cores, t)
     ran = -1
     status = _FINISHED
-    frozen = False              # as in replay._run: the last cycle moved nothing, with wavelets held
+    frozen_until = -1           # as in replay._run: in a stretch that moved nothing, the wake found
     every_router = np.zeros(0, dtype=np.bool_)
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
         if t >= limit:
@@ -440,13 +440,14 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
                 return _DEADLOCK
         elif moves == 0 and issued == 0 and progressed == 0:
             # Wavelets held and nothing moved: deadlocked unless a PE in private cycles goes on
-            # (replay._run's rule).
-            if not frozen and _next_due(cores, wakes, _NO_WAKE) == _NO_WAKE:
-                _settle(cores, wakes, ran)
-                return _DEADLOCK
-            frozen = True
+            # (replay._run's rule, checked again once the wake found has passed).
+            if frozen_until < t:
+                frozen_until = _next_due(cores, wakes, _NO_WAKE)
+                if frozen_until == _NO_WAKE:
+                    _settle(cores, wakes, ran)
+                    return _DEADLOCK
         else:
-            frozen = False
+            frozen_until = -1
         t += 1
     _settle(cores, wakes, ran)
     scalars[_T], scalars[_RUNNING], scalars[_FIFOS] = t, running, nonempty_fifos
