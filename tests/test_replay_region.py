@@ -235,24 +235,33 @@ def test_counts_are_the_same_without_regions_on_32x32(monkeypatch, searches):
     assert any(end - first > 1000 for first, end, _ in runs[MLP1024[0]]), runs
 
 
+_EAGER = {"MIN_PERIOD": 2, "QUIET_STOPS": 1, "FIRST_ROUND_ONLY": False, "MIN_CELLS": 1, "PROPOSE_SHARE": 1.0}
+
+
 @st.composite
 def _shapes(draw):
     width, height = draw(st.integers(2, 8)), draw(st.integers(1, 6))
     hidden = draw(st.integers(8, 24)) * height          # many rounds per streamed GEMM
     sizes = (draw(st.integers(2, 12)), hidden, hidden, draw(st.integers(2, 6)))
     batch = draw(st.integers(1, 6 * width))              # uneven token blocks too
-    depths = draw(st.sampled_from([{}, {"router_depth": 1, "rx_depth": 1, "tx_depth": 2}, {"colors": 7}]))
-    return (width, height), sizes, batch, tuple(sorted(depths.items()))
+    depths = draw(st.sampled_from([{}, {"router_depth": 1, "rx_depth": 1, "tx_depth": 2}, {"colors": 7},
+                                   {"colors": 9}]))
+    share = draw(st.sampled_from([0.08, 0.3, 1.0]))
+    return (width, height), sizes, batch, tuple(sorted(depths.items())), share
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_shapes())
 def test_counts_are_the_same_without_regions_on_random_shapes(shape):
-    """Random small meshes, widths, batches, queue depths and color counts: the same cycles and
-    last cycles with and without regions, in every phase."""
-    mesh, sizes, batch, depths = shape
-    saved = replay_region.REGION
+    """Random small meshes, widths, batches, queue depths, color counts and room for the stepped
+    PEs, tries made eager (every stop, any period, any round, any mesh): the same cycles and last
+    cycles with and without regions, in every phase."""
+    mesh, sizes, batch, depths, share = shape
+    settings_now = {**_EAGER, "MAX_SHARE": share}
+    saved = {name: getattr(replay_region, name) for name in [*settings_now, "REGION"]}
     try:
+        for name, value in settings_now.items():
+            setattr(replay_region, name, value)
         for name, network, inputs in _phases(mesh, sizes, batch, depths):
             replay_region.REGION = False
             off = engine.run_replay(network, *inputs, columns=False)
@@ -260,7 +269,24 @@ def test_counts_are_the_same_without_regions_on_random_shapes(shape):
             on = engine.run_replay(network, *inputs, columns=False)
             assert on[0] == off[0] and np.array_equal(on[1], off[1]), (shape, name)
     finally:
-        replay_region.REGION = saved
+        for name, value in saved.items():
+            setattr(replay_region, name, value)
+
+
+def test_a_port_unlike_the_record_keeps_its_router_stepped(monkeypatch, searches):
+    """7x5, 9 colors, the last layer's input gradient, eager tries with room for every PE: a router
+    leaving the stepped set while its edge port's colors left were not the record's took its
+    injection from the record for a cycle, and the replay hung (1,680 cycles without regions)."""
+    for name, value in {**_EAGER, "MAX_SHARE": 1.0}.items():
+        monkeypatch.setattr(replay_region, name, value)
+    for name, network, inputs in _phases((7, 5), (6, 70, 70, 4), 38, (("colors", 9),)):
+        if name != "bwd-data 4":
+            continue
+        off = _counts(network, inputs, False, monkeypatch)
+        searches.clear()
+        on = _counts(network, inputs, True, monkeypatch)
+        assert off[0] == 1680 and on[0] == off[0] and np.array_equal(on[1], off[1])
+        assert any(end > first for search in searches for first, end, _ in search.runs)
 
 
 # Budgets and limits --------------------------------------------------------------------------

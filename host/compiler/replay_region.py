@@ -51,8 +51,11 @@ follow: the background's moves (the last cycle with a move) and conflicts
 are the record's minus those of the cells in ``A``. The region replay
 ends, and the whole state is set from ``R(t)`` and ``A``'s, when ``A``
 grows past :data:`MAX_SHARE` of the cells or when the background would not
-move in a cycle (the engine's idle skip and hang checks then decide); the
-replay goes on from there with the period search.
+move in a cycle (its edge ports' injections are not counted as its moves,
+so a cycle in which it only injects ends it too: the engine's idle skip and
+hang checks then decide); the replay goes on from there with the period
+search. The reduced replay of the first columns (:mod:`.replay_columns`)
+does not offer its stops to the region replay.
 
 ``tests/test_replay_region.py`` compares the state at the end of region
 replays with the plain reference replay's at the same cycle, and the counts
@@ -97,6 +100,8 @@ FIRST_ROUND_ONLY = True
 MIN_CELLS = 8192
 #: The most bytes a record may take.
 RECORD_BYTES = 2 << 30
+
+
 def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:
     """Set every cell outside ``in_a`` to the record's state at the start of cycle ``scalars[_T]``
     (phase ``scalars[_T] - t0``), the pending writes and the counters with them: the whole state
@@ -221,10 +226,12 @@ class RegionSearch:
             return None
         tries, tried, normal, replayed = self.rates
         if self.wait > 0 or (self.failed >= 3 and tries * replayed >= normal * tried):
-            self.wait -= 1
+            self.wait = max(0, self.wait - 1)
             return None
         spent = time.thread_time()
         status = self._attempt(period, queues, cores, events, scalars, limit)
+        if status is None:          # too close to the limit: nothing was tried
+            return None
         spent, moved = time.thread_time() - spent, int(scalars[_T]) - t
         self.rates[:2] += (spent, moved)
         if spent * replayed < normal * moved:

@@ -31,8 +31,9 @@ class Record(NamedTuple):
     color of its element issued at ``t - 1``, -1 none; ``pc``), and for ``k`` in ``0 .. D - 1`` what
     cycle ``t0 + k`` did (``grant``: the colors each router granted, as bits; ``act``: the cell
     granted, moved its output queue's head, popped or wrote; ``conf``: its router's conflicts);
-    per edge port, ``has[k, p, c]``: it had wavelets of color ``c`` left at ``t0 + k``, and
-    ``inject[k, p]``: the color it injected in cycle ``t0 + k``, -1 none."""
+    per edge port, ``has[p, k, c]``: it had wavelets of color ``c`` left at ``t0 + k``, and
+    ``inject[p, k]``: the color it injected in cycle ``t0 + k``, -1 none. Every array is cell (or
+    port) first: :func:`new_record`."""
 
     fifo: np.ndarray
     rx: np.ndarray
@@ -458,7 +459,9 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
         if in_a[r]:
             a_list[a_count] = r
             a_count += 1
-    dev = np.empty(2 * cells + forced.shape[0] + open_cells.shape[0] + conf_cells.shape[1], np.int32)
+    # A stepped cell or an edge port's router each once, the forced, the open and a phase's conflicts.
+    dev = np.empty(cells + ports.router.shape[0] + forced.shape[0] + open_cells.shape[0] + conf_cells.shape[1],
+                   np.int32)
     conf_now = np.zeros(cells, np.int64)
     is_forced = np.zeros(cells, np.bool_)
     is_forced[forced] = True
@@ -522,8 +525,6 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
             _capture(queues, cores, events, ports, t, period, rec, base, a_list, na, in_a, pending)
     scalars[_T], scalars[_LAST], scalars[_CONFLICTS], scalars[_RUNNING] = t, last, conflicts, running
     return status
-
-
 
 
 @njit(cache=True, nogil=True)
