@@ -186,7 +186,8 @@ class RegionSearch:
         self.rates = np.zeros(4)        # CPU seconds and cycles: of the tries, of the replay between the stops
         self._since = None
         self.runs: list = []
-        self.stats = np.zeros(3, np.int64)      # cycles the region replay stepped, cells it stepped, deviant cells
+        self.stats = np.zeros(4, np.int64)      # cycles the region replay stepped, cells it stepped, deviant cells
+        self.trace = np.zeros((0, 3), np.int64)     # room for (cycle, stepped, deviant) rows: see _region
 
     @staticmethod
     def _signature(now: dict) -> np.ndarray:
@@ -293,7 +294,7 @@ class RegionSearch:
             status = _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period,
                              rec, base, forced.astype(np.int32), np.flatnonzero(~closed).astype(np.int32),
                              conf_count, conf_cells, act_total, conf_total, *self._nbr, in_a,
-                             int(MAX_SHARE * cells), self.stats)
+                             int(MAX_SHARE * cells), self.stats, self.trace)
             if status != _REBASE:
                 break
         _settle(queues, cores, events, ports, scalars, rec, base, in_a, t0)

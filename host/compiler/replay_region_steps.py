@@ -434,7 +434,7 @@ def _cycle(routes, rows, index, ports, ops, queues, cores, events, t, k, rec, a_
 @njit(cache=True, nogil=True)
 def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period, rec, base,
             forced, open_cells, conf_count, conf_cells, act_total, conf_total, nbr_ptr, nbr, in_a, max_active,
-            stats):
+            stats, trace):
     """Step the cells that may differ from the record (module docstring) from the start of cycle
     ``scalars[_T]`` (in ``t0 .. t0 + period``) on, the others taken from ``rec`` (op rows ``base``
     on), writing the stepped cells' states and moves into ``rec`` as it goes; returns why it
@@ -445,7 +445,8 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
     record's, ``open_cells`` those whose record does not close, ``conf_cells[k, :conf_count[k]]``
     those with conflicts at phase ``k``, ``act_total[k]`` and ``conf_total[k]`` the record's moving
     cells and conflicts at phase ``k`` (all three kept up to date as the record is rewritten); ``stats`` gathers the cycles stepped, the cells
-    stepped in them and the deviant cells."""
+    stepped in them, the deviant cells and the rows of ``trace`` written (``(t, stepped, deviant)`` a
+    cycle while it has room)."""
     cells, colors = queues.router_fifo.shape
     rotation_same = period % colors == 0
     t, last, conflicts = scalars[_T], scalars[_LAST], scalars[_CONFLICTS]
@@ -505,6 +506,9 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
         stats[0] += 1
         stats[1] += na
         stats[2] += nd
+        if stats[3] < trace.shape[0]:       # a picture's data: the cycle, the stepped and the deviant PEs
+            trace[stats[3], 0], trace[stats[3], 1], trace[stats[3], 2] = t, na, nd
+            stats[3] += 1
         nr = _ring(queues, k, rec, a_list, na, in_a, t, ring_mark, ring, nbr_ptr, nbr)
         moves, cycle_conflicts, finished, last_exit = _cycle(routes, rows, index, ports, ops, queues, cores,
                                                              events, t, k, rec, a_list, na, in_a, ring, nr,
