@@ -68,56 +68,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wse.host.compiler.replay import _low_color, _ready, _rotated_colors  # noqa: E402
-from wse.host.compiler.replay_routes import _MASK  # noqa: E402
+from wse.host.compiler.replay_region_steps import _port_conflicts  # noqa: E402
+from wse.host.compiler.replay_region_steps import _router_conflicts as _router_conflicts_of  # noqa: E402
+from wse.host.compiler.replay_state import _EVENT_KINDS, Events  # noqa: E402
 
 
-@njit(cache=True)
-def _router_conflicts(routes, rows, index, queues, ports, first_color, out):
+def _router_conflicts(routes, rows, index, queues, ports, first_color, out, scratch) -> int:
     """Per router, the conflicts :func:`replay._grant_routers` and :func:`replay._grant_injections`
-    count at this start-of-cycle state (an edge port's at its router), added to ``out``; grants
-    are not recorded. Returns their sum."""
-    router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
-    routers, colors = router_fifo.shape
-    total = 0
-    for r in range(routers):
-        if busy_fifos[r] == 0:
-            continue
-        ports_used = 0
-        rotated = _rotated_colors(busy_fifos[r], first_color, colors)
-        while rotated != 0:
-            c = _low_color(rotated, first_color, colors)
-            rotated &= rotated - 1
-            row = index[r, c]
-            mask = rows[row, _MASK]
-            if mask == 0:
-                continue
-            go = _ready(rows, row, router_fifo, rx, routes.router_depth, routes.rx_depth, r, c)
-            if (mask & ports_used) != 0:
-                if go:
-                    out[r] += 1
-                    total += 1
-            elif go:
-                ports_used |= mask
-    for p in range(ports.router.shape[0]):
-        if ports.left_total[p] == 0:
-            continue
-        r = ports.router[p]
-        chosen = False
-        for q in range(colors):
-            c = (first_color + q) % colors
-            if ports.left[p, c] > 0 and routes.input_port[r, c] == ports.code[p] and \
-                    router_fifo[r, c] < routes.router_depth:
-                if chosen:
-                    out[r] += 1
-                    total += 1
-                    break
-                chosen = True
-    return total
+    count at this start-of-cycle state (an edge port's at its router), into ``out`` (the region
+    replay's own counts, :mod:`wse.host.compiler.replay_region_steps`); returns their sum."""
+    _router_conflicts_of(rows, index, queues, routes.router_depth, routes.rx_depth, first_color, scratch, out)
+    _port_conflicts(routes, queues, ports, first_color, np.zeros(0, np.bool_), out)
+    return int(out.sum())
 
 
 def _state_ids(features: np.ndarray, weights, numbers: dict) -> np.ndarray:
@@ -160,6 +125,8 @@ def step(network, ops, starts, inject, cycles_limit: int):
     numbers: dict = {}
     times, ids, conflicts = [], [], []
     per_router = np.zeros(pes, dtype=np.int64)
+    scratch = Events(np.zeros(_EVENT_KINDS, np.int64), np.zeros((_EVENT_KINDS, colors), np.int32),
+                     np.zeros((_EVENT_KINDS, colors), np.int8))
     started, count = time.process_time(), None
     while len(times) < cycles_limit:
         t = int(scalars[_T])
@@ -170,8 +137,7 @@ def step(network, ops, starts, inject, cycles_limit: int):
             weights = [rng.integers(1, 2**63, features.shape[1], dtype=np.uint64) | np.uint64(1) for _ in range(2)]
         times.append(t)
         ids.append(_state_ids(features, weights, numbers))
-        per_router[:] = 0
-        expected = _router_conflicts(routes, rows, index, queues, ports, t % colors, per_router)
+        expected = _router_conflicts(routes, rows, index, queues, ports, t % colors, per_router, scratch)
         before = int(scalars[_CONFLICTS])
         status = _run(routes, ports, ops32, queues, cores, events, scalars, t + 1, -1)
         if int(scalars[_CONFLICTS]) - before != expected:
