@@ -235,3 +235,42 @@ def test_two_hidden_layers_on_one_row_end_with_golden_cycles():
     weights = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in exe.parameters().items()}
     for name in exe.sequences["train"]:
         assert backend.run_phase(name, weights, {}) == exe.phases[name].cycles, name
+
+
+
+@pytest.mark.parametrize("mesh,sizes,batch", [((70, 2), (6, 48, 40, 3), 140), ((70, 2), (6, 96, 80, 6), 141)],
+                         ids=["70x2", "70x2-uneven"])
+def test_a_failed_check_is_tried_again_with_a_shift_of_whole_rotations(mesh, sizes, batch, paths, monkeypatch):
+    """The first reduced replay of every weight gradient made to fail: the second, on ``a + 2P'``
+    columns with a ``Delta'`` that is a multiple of ``colors`` (module docstring), has the full
+    replay's count and every PE's last cycle (141 tokens on 70 columns: uneven blocks)."""
+    real, calls = replay_columns._reduced, []
+
+    def first_fails(*args):
+        calls.append(args[6])                   # P
+        return None if len(calls) == 1 else real(*args)
+    monkeypatch.setattr(replay_columns, "_reduced", first_fails)
+    monkeypatch.setattr(replay_columns, "_STARTS", tuple(32 << k for k in range(12)))
+    network, phases = _phases(mesh, sizes, batch)
+    retried = []
+    for name, inputs in phases.items():
+        if name.startswith("bwd-weight"):
+            calls.clear()
+            _assert_same(network, inputs, name)
+            info = paths[-1]
+            if info["path"] == "reduced":
+                assert info["retried"] and info["delta"] % network.config.colors == 0, (name, info)
+                assert calls == [2, 16], (name, calls)      # P = 2, then P' = 8P: Delta = 10 with 16 colors
+                retried.append(name)
+    assert len(retried) >= 2, retried
+
+
+def test_no_retry_where_the_mesh_is_too_narrow_or_it_is_off(paths, monkeypatch):
+    """No second try where the mesh is too narrow for ``a + 2P'`` columns (12 wide), nor with
+    :data:`~.replay_columns.ROTATION_RETRY` off: a failed check goes on with the full replay."""
+    monkeypatch.setattr(replay_columns, "_reduced", lambda *args: None)
+    for mesh, retry in (((12, 2), True), ((70, 2), False)):
+        monkeypatch.setattr(replay_columns, "ROTATION_RETRY", retry)
+        network, phases = _phases(mesh, (6, 48, 40, 3), 2 * mesh[0])
+        _assert_same(network, phases["bwd-weight 2"], mesh)
+        assert paths[-1]["path"] == "check failed" and not paths[-1].get("retried"), (mesh, paths[-1])
