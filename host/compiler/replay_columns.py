@@ -72,7 +72,8 @@ turns into a different grant in the copy) is tried once more
 gcd(Delta, colors)`` (columns ``j`` and ``j + P'`` still hold equal op lists and
 routes from ``a`` on), from the state the full replay had reached, looking for
 a shift ``Delta'`` that is a multiple of ``colors`` at the next ``T`` (a
-window of up to ``k * WINDOW`` cycles, as memory allows), on ``a + 2P'``
+window of up to ``k * WINDOW`` cycles, as memory allows: only the states a
+multiple of ``colors`` cycles before ``T`` are kept), on ``a + 2P'``
 columns, at most half the mesh.
 """
 
@@ -95,8 +96,9 @@ __all__ = ["reduced_replay", "column_shape", "WINDOW", "MIN_RATIO", "ROTATION_RE
 
 #: The most cycles ``Delta`` a column may lag the one ``P`` west of it (the full replay's window before ``T``).
 WINDOW = 32
-#: Bytes of the full replay's states kept in that window (a huge mesh looks for a smaller ``Delta``).
-_WINDOW_BYTES = 512 << 20
+#: Bytes of the full replay's states kept in that window (a huge mesh looks for a smaller ``Delta``:
+#: 750x994's states take 58 MB each, so 1 GiB holds 18 and the weight gradients' ``Delta`` of 10 is found).
+_WINDOW_BYTES = 1 << 30
 #: The mesh must be at least this many times wider than the reduced one (``K`` columns) for the reduced replay.
 MIN_RATIO = 2
 #: The cycles ``T`` tried for the start of the shift (the full replay runs up to the first that passes).
@@ -194,12 +196,13 @@ class _Window:
         self.source = ((network.output_mask & _EAST) != 0) & (column == a - 1)[:, None]
         self.cycles: dict[int, tuple] = {}
 
-    def record(self, t, queues, cores, events, scalars, depth) -> None:
-        """Keep the state at the start of cycle ``t`` (its features are computed when compared)."""
+    def record(self, t, queues, cores, events, scalars, depth, keep: bool = True) -> None:
+        """Keep the state at the start of cycle ``t`` (its features are computed when compared; only
+        the conflict count and the full FIFOs unless ``keep``: no ``Delta`` ends there)."""
         full = bool((queues.router_fifo[self.west_fed] >= depth).any())
         n = int(events.count[_WRITE])
         state = (Queues(*[a.copy() for a in queues]), Cores(*[a.copy() for a in cores]),
-                 (events.who[_WRITE, :n].copy(), events.color[_WRITE, :n].copy()))
+                 (events.who[_WRITE, :n].copy(), events.color[_WRITE, :n].copy())) if keep else None
         self.cycles[t] = [state, int(scalars[_CONFLICTS]), full]
 
     def features(self, t: int) -> np.ndarray:
@@ -227,7 +230,7 @@ class _Window:
         now = None
         for delta in range(multiple, self.length + 1, multiple):
             before = self.cycles.get(T - delta)
-            if before is None:
+            if before is None or before[0] is None:
                 continue
             if not isinstance(before[0], np.ndarray):       # op rows first: most deltas fail there
                 old = before[0][1].pc - self.starts
@@ -258,7 +261,7 @@ def _prerun(network, ops, starts, inject, a: int, P: int, limit: int, full=None,
         routes, ports, queues, cores, events, scalars = full
     colors = routes.input_port.shape[1]
     kept = sum(x.nbytes for x in (*queues, *cores))
-    length = max(2, min(most, _WINDOW_BYTES // max(kept, 1)))
+    length = max(2, min(most, multiple * (_WINDOW_BYTES // max(kept, 1))))     # states kept every multiple
     state = (routes, ports, queues, cores, events, scalars)
     if length < multiple:           # no window of a whole multiple fits the memory
         return state, None, None
@@ -270,7 +273,7 @@ def _prerun(network, ops, starts, inject, a: int, P: int, limit: int, full=None,
         sends = {}
         while status == _OUT_OF_TIME and scalars[_T] <= T and scalars[_T] < limit:
             t = int(scalars[_T])
-            window.record(t, queues, cores, events, scalars, routes.router_depth)
+            window.record(t, queues, cores, events, scalars, routes.router_depth, (T - t) % multiple == 0)
             if t == T:
                 break
             status = _run(routes, ports, ops, queues, cores, events, scalars, t + 1, -1)
