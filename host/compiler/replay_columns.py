@@ -58,29 +58,11 @@ covers the skipped cycles as it does in the full replay. Where no ``T`` shows
 the shift, or any check fails, the reduced replay hangs or has a conflict, the
 full replay goes on from the state it had reached at ``T`` (kept apart from the
 reduced one's), with the period search: the count is the full replay's.
-
-**A shift the rotation cannot tell apart.** When ``Delta`` is a multiple of
-``colors`` the rotation at ``t`` and at ``t - Delta`` is the same, so a column's
-cycle is a function of its state and input stream whether or not a grant
-depends on the rotation: conditions 2 and 3 then drop "no grant depends on the
-rotation" (the induction above goes through unchanged, each copy seeing the
-rotation its model saw). A reduced replay whose check failed (on tall meshes
-the weight gradients' ring wraps from the last row to row 0 there, and a
-router of the last row has conflicts, which ``Delta = 10`` with 16 colors
-turns into a different grant in the copy) is tried once more
-(:data:`ROTATION_RETRY`) with the period ``P' = k P``, ``k = colors /
-gcd(Delta, colors)`` (columns ``j`` and ``j + P'`` still hold equal op lists and
-routes from ``a`` on), from the state the full replay had reached, looking for
-a shift ``Delta'`` that is a multiple of ``colors`` at the next ``T`` (a
-window of up to ``k * WINDOW`` cycles, as memory allows: only the states a
-multiple of ``colors`` cycles before ``T`` are kept), on ``a + 2P'``
-columns, at most half the mesh.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -92,20 +74,16 @@ from .replay import (_CONFLICTS, _FINISHED, _FIFOS, _GRANT, _LAST, _OUT_OF_TIME,
                      _WRITE, _NEVER, _edge_ports, _new_scalars, _new_state, _packed, _run)
 from .replay_state import _COPY, _SOURCE, _WEST_FED, ColumnProbe, Cores, Queues
 
-__all__ = ["reduced_replay", "column_shape", "WINDOW", "MIN_RATIO", "ROTATION_RETRY"]
+__all__ = ["reduced_replay", "column_shape", "WINDOW", "MIN_RATIO"]
 
 #: The most cycles ``Delta`` a column may lag the one ``P`` west of it (the full replay's window before ``T``).
 WINDOW = 32
-#: Bytes of the full replay's states kept in that window (a huge mesh looks for a smaller ``Delta``:
-#: 750x994's states take 58 MB each, so 1 GiB holds 18 and the weight gradients' ``Delta`` of 10 is found).
-_WINDOW_BYTES = 1 << 30
+#: Bytes of the full replay's states kept in that window (a huge mesh looks for a smaller ``Delta``).
+_WINDOW_BYTES = 512 << 20
 #: The mesh must be at least this many times wider than the reduced one (``K`` columns) for the reduced replay.
 MIN_RATIO = 2
 #: The cycles ``T`` tried for the start of the shift (the full replay runs up to the first that passes).
 _STARTS = tuple(256 << k for k in range(8))
-#: Whether a reduced replay whose check failed is tried once more with a shift that is a multiple of
-#: ``colors`` (module docstring; the same counts either way).
-ROTATION_RETRY = True
 _EAST = 1 << int(Port.E)
 
 
@@ -196,13 +174,12 @@ class _Window:
         self.source = ((network.output_mask & _EAST) != 0) & (column == a - 1)[:, None]
         self.cycles: dict[int, tuple] = {}
 
-    def record(self, t, queues, cores, events, scalars, depth, keep: bool = True) -> None:
-        """Keep the state at the start of cycle ``t`` (its features are computed when compared; only
-        the conflict count and the full FIFOs unless ``keep``: no ``Delta`` ends there)."""
+    def record(self, t, queues, cores, events, scalars, depth) -> None:
+        """Keep the state at the start of cycle ``t`` (its features are computed when compared)."""
         full = bool((queues.router_fifo[self.west_fed] >= depth).any())
         n = int(events.count[_WRITE])
         state = (Queues(*[a.copy() for a in queues]), Cores(*[a.copy() for a in cores]),
-                 (events.who[_WRITE, :n].copy(), events.color[_WRITE, :n].copy())) if keep else None
+                 (events.who[_WRITE, :n].copy(), events.color[_WRITE, :n].copy()))
         self.cycles[t] = [state, int(scalars[_CONFLICTS]), full]
 
     def features(self, t: int) -> np.ndarray:
@@ -221,16 +198,15 @@ class _Window:
         np.bitwise_or.at(out, who[east] // self.W, np.left_shift(1, color[east]))
         return out
 
-    def shift(self, T: int, a: int, P: int, colors: int, multiple: int = 1) -> int | None:
-        """The ``Delta`` (a multiple of ``multiple``) for which preconditions 1 and 2 hold at ``T``, or
-        None; a ``Delta`` that is a multiple of ``colors`` may have grants that depended on the rotation."""
+    def shift(self, T: int, a: int, P: int) -> int | None:
+        """The ``Delta`` for which preconditions 1 and 2 hold at ``T``, or None."""
         W = self.W
         pc = self.cycles[T][0][1].pc - self.starts
         H = pc.shape[0] // W
         now = None
-        for delta in range(multiple, self.length + 1, multiple):
+        for delta in range(1, self.length + 1):
             before = self.cycles.get(T - delta)
-            if before is None or before[0] is None:
+            if before is None:
                 continue
             if not isinstance(before[0], np.ndarray):       # op rows first: most deltas fail there
                 old = before[0][1].pc - self.starts
@@ -240,40 +216,29 @@ class _Window:
             if not np.array_equal(self.features(T - delta).reshape(H, W, -1)[:, a:W - P], now):
                 continue
             span = [self.cycles[s] for s in self.cycles if T - delta <= s <= T]
-            if (delta % colors == 0 or before[1] == self.cycles[T][1]) and not any(c[2] for c in span):
+            if before[1] == self.cycles[T][1] and not any(c[2] for c in span):
                 return delta
         return None
 
 
-def _prerun(network, ops, starts, inject, a: int, P: int, limit: int, full=None, multiple: int = 1,
-            most: int = WINDOW):
-    """Run the full replay (from a fresh state, or from ``full``'s) until a ``T`` passing
-    preconditions 1 and 2 with a ``Delta`` that is a multiple of ``multiple``: ``(state, (T,
-    Delta, sends of column a - 1 in [T - Delta, T)), None)``; ``(state, None, None)`` if none
-    does (the run goes on from its state), ``(state, None, status)`` if it ended
-    (``_FINISHED``) or hung. ``Delta`` is looked for up to ``most`` cycles, as memory allows."""
-    if full is None:
-        routes = network.routes()
-        ports = _edge_ports(network, inject)
-        queues, cores, events = _new_state(routes, ports, starts)
-        scalars = _new_scalars(starts, ports, -1)
-    else:
-        routes, ports, queues, cores, events, scalars = full
-    colors = routes.input_port.shape[1]
+def _prerun(network, ops, starts, inject, a: int, P: int, limit: int):
+    """Run the full replay until a ``T`` passing preconditions 1 and 2: ``(state, (T, Delta,
+    sends of column a - 1 in [T - Delta, T)), None)``; ``(state, None, None)`` if none does
+    (the run goes on from its state), ``(state, None, status)`` if it ended (``_FINISHED``)
+    or hung."""
+    routes = network.routes()
+    ports = _edge_ports(network, inject)
+    queues, cores, events = _new_state(routes, ports, starts)
+    scalars = _new_scalars(starts, ports, -1)
     kept = sum(x.nbytes for x in (*queues, *cores))
-    length = max(2, min(most, multiple * (_WINDOW_BYTES // max(kept, 1))))     # states kept every multiple
-    state = (routes, ports, queues, cores, events, scalars)
-    if length < multiple:           # no window of a whole multiple fits the memory
-        return state, None, None
+    length = max(2, min(WINDOW, _WINDOW_BYTES // max(kept, 1)))
     window = _Window(network, a, length, starts)
     for T in _STARTS:
-        if T - length <= scalars[_T]:       # a window must start after the state the run goes on from
-            continue
         status = _run(routes, ports, ops, queues, cores, events, scalars, min(T - length, limit), -1)
         sends = {}
         while status == _OUT_OF_TIME and scalars[_T] <= T and scalars[_T] < limit:
             t = int(scalars[_T])
-            window.record(t, queues, cores, events, scalars, routes.router_depth, (T - t) % multiple == 0)
+            window.record(t, queues, cores, events, scalars, routes.router_depth)
             if t == T:
                 break
             status = _run(routes, ports, ops, queues, cores, events, scalars, t + 1, -1)
@@ -282,7 +247,7 @@ def _prerun(network, ops, starts, inject, a: int, P: int, limit: int, full=None,
         if status != _OUT_OF_TIME or scalars[_T] >= limit:
             return state, None, status
         if T in window.cycles:
-            delta = window.shift(T, a, P, colors, multiple)
+            delta = window.shift(T, a, P)
             if delta is not None:
                 zero = np.zeros(network.config.height, dtype=np.int64)
                 return state, (T, delta, [sends.get(s, zero) for s in range(T - delta, T)]), None
@@ -381,8 +346,9 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
     preconditions fail (nothing has run). ``ops`` as :func:`.replay.run_replay` passes them.
     ``info``, if given, is filled with what happened (``"path"``: ``"no shape"``,
     ``"no shift"``, ``"ended before T"``, ``"check failed"`` or ``"reduced"``; ``a``, ``P``,
-    ``T``, ``delta``, the reduced replay's columns ``K``; ``retried``: the second try, with a shift
-    that is a multiple of ``colors``, module docstring)."""
+    ``T``, ``delta``, the reduced replay's columns ``K``)."""
+    from .replay_periods import run_with_periods
+
     info = {} if info is None else info
     info["path"] = "no shape"
     shape = column_shape(network, ops, starts, ends, inject)
@@ -390,40 +356,18 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
         return None
     a, P = shape
     info.update(a=a, P=P, K=a + 2 * P, path="no shift")
+    K = a + 2 * P
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
-    colors = network.config.colors
     full, found, ended = _prerun(network, ops, starts, inject, a, P, limit)
-    for retry in (False, True):
-        if ended is not None:                     # the full replay ended (or hung) before any T
-            info["path"] = "ended before T"
-            scalars = full[5]
-            return (int(scalars[_LAST]) + 1 if ended == _FINISHED else int(ended)), full[3].free_at - 1
-        if found is None:
-            break
-        T, delta, _ = found
-        info.update(T=T, delta=delta, path="check failed")
-        result = _reduced(network, ops, starts, ends, full, a, P, found, limit)
-        if result is not None:
-            info["path"] = "reduced"
-            return result
-        k = colors // math.gcd(delta, colors)
-        if retry or not ROTATION_RETRY or k == 1 or MIN_RATIO * (a + 2 * k * P) > network.config.width:
-            break
-        P *= k                 # a shift that is a multiple of colors, from the state the full replay reached
-        info.update(P=P, K=a + 2 * P, retried=True, path="no shift")
-        full, found, ended = _prerun(network, ops, starts, inject, a, P, limit, full, colors, k * WINDOW)
-    return _go_on(full, ops, ends, limit, run)
-
-
-def _reduced(network: Network, ops, starts, ends, full, a: int, P: int, found, limit: int):
-    """``(cycles, every PE's last cycle)`` from the reduced replay of the first ``a + 2P`` columns from
-    the full replay's state ``full`` at ``T`` (``found``: ``(T, Delta, line)``), or None where a
-    check failed (``full`` is left as it was)."""
-    from .replay_periods import run_with_periods
-
+    if ended is not None:                     # the full replay ended (or hung) before any T
+        info["path"] = "ended before T"
+        scalars = full[5]
+        return (int(scalars[_LAST]) + 1 if ended == _FINISHED else int(ended)), full[3].free_at - 1
+    if found is None:
+        return _go_on(full, ops, ends, limit, run)
     T, delta, line = found
-    K = a + 2 * P
+    info.update(T=T, delta=delta, path="check failed")
     W, H = network.config.width, network.config.height
     small = _columns(network, K)
     small_routes = small.routes()
@@ -438,18 +382,17 @@ def _reduced(network: Network, ops, starts, ends, full, a: int, P: int, found, l
     result = run_with_periods(small_routes, ports, ops, queues, cores, events, limit, watch,
                               int(small_ends[watch]), checked, scalars, _Extra(probe))
     # Condition 3 holds to the end only if every send of column a-1 still in the delay line when the reduced
-    # replay finishes has had its echo: a send left in the line was never compared. Grants that depended on
-    # the rotation break the rule unless Delta is a multiple of colors (module docstring).
-    rotation_free = scalars[_CONFLICTS] == 0 or delta % network.config.colors == 0
-    if result < 0 or not rotation_free or probe.line.any():
-        return None
+    # replay finishes has had its echo: a send left in the line was never compared.
+    if result < 0 or scalars[_CONFLICTS] != 0 or probe.line.any():
+        return _go_on(full, ops, ends, limit, run)
     exits = np.full((H, W), -1, dtype=np.int64)
     exits[:, :K] = (cores.free_at - 1).reshape(H, K)
     # A copy column's last grant is its model's shifted only if that grant is at or after T; a PE that finished
     # before T keeps its own exit (taken per PE below), so exits of done PEs do not enter the shifted count.
     last = probe.col_last[K - P:]
     if (last < T).any():
-        return None
+        return _go_on(full, ops, ends, limit, run)
+    info["path"] = "reduced"
     done_at_T = full[3].done.reshape(H, W)
     exit_at_T = (full[3].free_at - 1).reshape(H, W)
     for j in range(K, W):
