@@ -124,11 +124,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except Exception as error:
-        from wse.config import UsageError
-        if not isinstance(error, UsageError):
-            raise
-        print(f"region_replay.py: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    from wse.cli import run
+    raise SystemExit(run(main, "region_replay.py"))

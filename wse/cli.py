@@ -42,14 +42,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wse: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, func_name, _ = COMMANDS[name]
+    return run(lambda: getattr(importlib.import_module(module_name), func_name)(rest), f"wse {name}")
+
+
+def run(main, name: str) -> int:
+    """``main()``'s exit code (0 for None): a user's mistake (:class:`UsageError`) printed as one
+    line ``name: message`` and 2, an interrupt ``name: interrupted`` and 130; anything else raised.
+    The ``wse`` command and the benchmark scripts' entry points share it."""
     try:
-        func = getattr(importlib.import_module(module_name), func_name)
-        return int(func(rest) or 0)
+        return int(main() or 0)
     except UsageError as exc:
-        print(f"wse {name}: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"wse {name}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 
