@@ -36,3 +36,19 @@ def _fresh_cycle_cache(tmp_path_factory, monkeypatch):
     cache = sys.modules.get("wse.host.compiler.cycle_cache")
     if cache is not None:
         cache.TALLY.reset()
+
+
+@pytest.fixture
+def instances(monkeypatch):
+    """``watch(module, name)``: the class ``module.name`` replaced, for the test, by a subclass that
+    keeps every instance made; returns the list they are kept in, in order."""
+    def watch(module, name: str) -> list:
+        made = []
+
+        class Kept(getattr(module, name)):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                made.append(self)
+        monkeypatch.setattr(module, name, Kept)
+        return made
+    return watch

@@ -93,16 +93,10 @@ def test_a_run_may_change_engine_at_every_stop():
                 assert _same_states(reference, _stops(network, *inputs, runs)), (mesh, name)
 
 
-def test_the_adaptive_engine_counts_as_the_reference_and_runs_both(monkeypatch):
+def test_the_adaptive_engine_counts_as_the_reference_and_runs_both(instances):
     """The default engine runs stretches on both engines, with the reference's counts."""
     from wse.host.compiler import replay_adaptive
-    made = []
-
-    class Spy(replay_adaptive.AdaptiveRun):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-    monkeypatch.setattr(replay_adaptive, "AdaptiveRun", Spy)
+    made = instances(replay_adaptive, "AdaptiveRun")
     for name, network, inputs in _phases((3, 2), (5, 60, 4), 6):
         assert replay(network, *inputs) == replay(network, *inputs, periods=False, engine="reference"), name
     assert made and any(all(n > 0 for n in run.used) for run in made)

@@ -49,16 +49,9 @@ def _phase(mesh, sizes, batch, name):
 
 
 @pytest.fixture
-def searches(monkeypatch):
+def searches(instances):
     """Every :class:`~wse.host.compiler.replay_region.RegionSearch` a replay makes, in order."""
-    made = []
-
-    class Spy(replay_region.RegionSearch):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-    monkeypatch.setattr(replay_region, "RegionSearch", Spy)
-    return made
+    return instances(replay_region, "RegionSearch")
 
 
 # The state at the end of a region replay ---------------------------------------------------
