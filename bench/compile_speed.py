@@ -89,6 +89,32 @@ def _timed(fn):
 
 
 @contextlib.contextmanager
+def _settings(*changes):
+    """Each ``(module, name, value)`` set for the block, the values before restored after."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in changes]
+    try:
+        for module, name, value in changes:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def _without(what: str, the_plan, changes, counts, cycle_cpu: float, record: dict) -> None:
+    """The cycle model again (the memo emptied) with ``changes`` (:func:`_settings`): adds its CPU and
+    wall seconds, its CPU time over ``cycle_cpu`` and whether its counts equal ``counts`` to ``record``."""
+    from wse.host.compiler import cycles
+    cycles.MEMO = cycles.ReplayMemo()
+    with _settings(*changes):
+        same, wall, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False))
+    record[f"without_{what}_cycle_model_cpu_s"] = round(cpu, 3)
+    record[f"without_{what}_cycle_model_s"] = round(wall, 3)
+    record[f"{what}_speedup_cpu"] = round(cpu / cycle_cpu, 2)
+    record[f"same_cycles_without_{what}"] = same == counts
+
+
+@contextlib.contextmanager
 def _cycle_cache(folder: str | None):
     """The cycle cache in ``folder`` for the block, or off with None (the environment restored after)."""
     saved = {k: os.environ.get(k) for k in ("WSE_CYCLE_CACHE", "WSE_CACHE_DIR")}
@@ -179,27 +205,11 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
         import numpy as np
 
         from wse.host.compiler import replay, replay_periods, replay_state
-        cycles.MEMO, replay.COLUMNS, replay_periods.ROUND_ALIGNED = cycles.ReplayMemo(), False, False
-        replay_state.QUEUE_COUNTS = np.int32
-        try:
-            same, wall, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False))
-        finally:
-            replay.COLUMNS, replay_periods.ROUND_ALIGNED, replay_state.QUEUE_COUNTS = True, True, np.int8
-        record["without_columns_cycle_model_cpu_s"] = round(cpu, 3)
-        record["without_columns_cycle_model_s"] = round(wall, 3)
-        record["columns_speedup_cpu"] = round(cpu / cycle_cpu, 2)
-        record["same_cycles_without_columns"] = same == counts
+        _without("columns", the_plan, [(replay, "COLUMNS", False), (replay_periods, "ROUND_ALIGNED", False),
+                                       (replay_state, "QUEUE_COUNTS", np.int32)], counts, cycle_cpu, record)
     if regions:      # the cycle model without the region replay (wse.host.compiler.replay_region)
         from wse.host.compiler import replay_region
-        cycles.MEMO, replay_region.REGION = cycles.ReplayMemo(), False
-        try:
-            same, wall, cpu = _timed(lambda: cycles.phase_cycles(the_plan, progress=False))
-        finally:
-            replay_region.REGION = True
-        record["without_regions_cycle_model_cpu_s"] = round(cpu, 3)
-        record["without_regions_cycle_model_s"] = round(wall, 3)
-        record["regions_speedup_cpu"] = round(cpu / cycle_cpu, 2)
-        record["same_cycles_without_regions"] = same == counts
+        _without("regions", the_plan, [(replay_region, "REGION", False)], counts, cycle_cpu, record)
     if baseline:
         t = time.perf_counter()
         full = cycles.phase_cycles(the_plan, training_program(config), periods=False, progress=False,
@@ -226,22 +236,13 @@ def _warm_up() -> None:
     import numpy as np
 
     from wse.host.compiler import replay_state
-    replay_state.QUEUE_COUNTS = np.int32                        # the queue counts of --columns' comparison
-    try:
+    with _settings((replay_state, "QUEUE_COUNTS", np.int32)):   # the queue counts of --columns' comparison
         cycles.phase_cycles(the_plan, progress=False, reuse=False)
-    finally:
-        replay_state.QUEUE_COUNTS = np.int8
     from wse.host.compiler import replay_region              # the region replay, its tries made eager
     eager = {"MIN_CELLS": 1, "MIN_PERIOD": 2, "QUIET_STOPS": 1, "FIRST_ROUND_ONLY": False}
-    saved = {k: getattr(replay_region, k) for k in eager}
-    try:
-        for k, v in eager.items():
-            setattr(replay_region, k, v)
+    with _settings(*[(replay_region, k, v) for k, v in eager.items()]):
         small = plan(trace(_model((100, 128, 128, 10)), torch.randn(2, 100)), FabricConfig(width=8, height=8), 32)
         cycles.phase_cycles(small, progress=False, reuse=False)
-    finally:
-        for k, v in saved.items():
-            setattr(replay_region, k, v)
 
 
 def main(argv=None) -> int:
