@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from wse.host.compiler.replay_region_steps import _port_conflicts  # noqa: E402
 from wse.host.compiler.replay_region_steps import _router_conflicts as _router_conflicts_of  # noqa: E402
-from wse.host.compiler.replay_state import _EVENT_KINDS, Events  # noqa: E402
+from wse.host.compiler.replay_state import new_events  # noqa: E402
 
 
 def _router_conflicts(routes, rows, index, queues, ports, first_color, out, scratch) -> int:
@@ -125,8 +125,7 @@ def step(network, ops, starts, inject, cycles_limit: int):
     numbers: dict = {}
     times, ids, conflicts = [], [], []
     per_router = np.zeros(pes, dtype=np.int64)
-    scratch = Events(np.zeros(_EVENT_KINDS, np.int64), np.zeros((_EVENT_KINDS, colors), np.int32),
-                     np.zeros((_EVENT_KINDS, colors), np.int8))
+    scratch = new_events(colors)
     started, count = time.process_time(), None
     while len(times) < cycles_limit:
         t = int(scalars[_T])

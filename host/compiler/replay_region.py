@@ -73,7 +73,7 @@ from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO
 from .replay_periods import _repeats
 from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, Record, _cell_hashes, _materialize, _record, _region,
                                   new_record, record_bytes)
-from .replay_state import _EVENT_KINDS, Events
+from .replay_state import new_events
 
 __all__ = ["RegionSearch", "REGION"]
 
@@ -252,8 +252,7 @@ class RegionSearch:
             self._nbr = neighbours(routes)
         rec = new_record(period, cells, colors, routes.tx_depth, ports.left.shape[0])
         rows, index = _packed(routes)
-        scratch = Events(np.zeros(_EVENT_KINDS, np.int64), np.zeros((_EVENT_KINDS, colors), np.int32),
-                         np.zeros((_EVENT_KINDS, colors), np.int8))
+        scratch = new_events(colors)
         # Kept up to date as the record is taken and rewritten (_capture_moves): the moving cells and
         # the conflicts of each phase, and the cells with conflicts at each phase (a list per phase; a
         # phase with more than it holds stops the try).

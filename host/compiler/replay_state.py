@@ -117,10 +117,14 @@ def _new_state(routes, ports, starts):
     cores = Cores(starts.copy(), np.zeros(routers, dtype=np.int64), np.zeros(routers, dtype=np.int32),
                   np.full(routers, -1, dtype=np.int64), np.zeros(routers, dtype=np.bool_),
                   np.full(routers, -1, dtype=np.int64))
-    capacity = max(routers * colors, 2 * routers, ports.router.shape[0])
-    events = Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int32),
-                    np.zeros((_EVENT_KINDS, capacity), dtype=np.int8))
-    return queues, cores, events
+    return queues, cores, new_events(max(routers * colors, 2 * routers, ports.router.shape[0]))
+
+
+def new_events(capacity: int) -> Events:
+    """Empty :class:`Events` with room for ``capacity`` of each kind (the PEs' and routers' int32, the
+    colors int8)."""
+    return Events(np.zeros(_EVENT_KINDS, dtype=np.int64), np.zeros((_EVENT_KINDS, capacity), dtype=np.int32),
+                  np.zeros((_EVENT_KINDS, capacity), dtype=np.int8))
 
 
 # Slots of a run's counters (an int64 array, so that a run can stop and go on).
