@@ -469,6 +469,11 @@ def _propose(candidates: list, history: _History, key: int, now: dict, spans) ->
             candidates.append((now, span))
 
 
+def _result(status: int, scalars) -> int:
+    """A run's result from the status it ended with: its cycles when it finished, else the negative code."""
+    return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
+
+
 def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watch: int, end: int,
                      run=_run, scalars=None, extra=None, region=None) -> int:
     """The replay's result (cycles, or a negative hang code) from a fresh state,
@@ -497,7 +502,7 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
     if stride == 0:           # no rounds to repeat: the plain replay
         scalars[_SEEN_PC] = limit
         status = run(routes, ports, ops, queues, cores, events, scalars, limit, -1)
-        return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
+        return _result(status, scalars)
     outer = _row_period(ops[base:end])
     outer = outer if outer > stride else 0
     state = (queues, events, colors, extra)
@@ -543,7 +548,7 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         if not landed:
             status = run(routes, ports, ops, queues, cores, events, scalars, limit, watch)
             if status != _STOPPED:
-                return int(scalars[_LAST] + 1) if status == _FINISHED else int(status)
+                return _result(status, scalars)
         elif region is not None:        # a skip or a jump landed: the period search is doing the work
             region.quiet = 0
         landed = False
@@ -586,7 +591,7 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         elif region is not None and (moved := region.stop(now, queues, cores, events, scalars, limit,
                                                           not outer or int(cores.pc[watch]) - base < outer)) is not None:
             if moved != _STOPPED:       # the run ended while the region replay recorded its period
-                return int(scalars[_LAST] + 1) if moved == _FINISHED else int(moved)
+                return _result(moved, scalars)
             scalars[_SEEN_PC] = next_stop()     # the state is the run's at a later cycle
             previous = None
             candidates.clear(), round_candidates.clear()
