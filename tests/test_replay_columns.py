@@ -1,8 +1,8 @@
 """The reduced replay of a phase's first columns (:mod:`~wse.host.compiler.replay_columns`)
 against the full reference replay (every cycle, every router and PE, no skips) and the
 golden model: the same count and the same last cycle of every PE, on square, non-square,
-one-row and one-column meshes and uneven token blocks; a failed check falls back to the
-full replay with the same count.
+one-row and one-column meshes and uneven token blocks; a failed check is tried again from
+further east, or falls back to the full replay, with the same count.
 """
 
 import numpy as np
@@ -146,6 +146,31 @@ def test_a_failed_check_falls_back_to_the_full_replay(paths):
             assert _reference(network, *changed, inject)[0] == plain + cycles
 
 
+def test_a_try_from_further_east_replays_the_west_columns_transient(paths, monkeypatch):
+    """Column 0 made early floods column 1: the first try's check fails there, and a try from
+    column 2 on (the same ``T``) replays columns 0 and 1 exactly, rotation-dependent grants
+    in them included (nothing copies those columns), and copies the rest: the count and
+    last cycles are the full replay's."""
+    conflicts = []
+    real = replay_periods.run_with_periods
+
+    def spy(*args, **kwargs):
+        result = real(*args, **kwargs)
+        conflicts.append(int(args[10][replay_periods._CONFLICTS]))
+        return result
+    monkeypatch.setattr(replay_periods, "run_with_periods", spy)
+    network, phases = _phases((24, 3), (6, 48, 40, 3), 48)
+    ops, starts, ends, inject = phases["bwd-weight 2"]
+    changed = _retimed(ops, starts, ends, 24, 0, -40)
+    _assert_same(network, (*changed, inject), "bwd-weight 2")
+    assert paths[-1]["path"] == "reduced" and paths[-1]["tries"] == [(1, 1)] and paths[-1]["a"] == 2, paths[-1]
+    assert conflicts[-1] > 0, conflicts          # the accepted try had rotation-dependent grants, west of a
+    with monkeypatch.context() as patch:         # on a mesh too narrow for a second try: the full replay's count
+        patch.setattr(replay_columns, "_RETRY_RATIO", 5)
+        _assert_same(network, (*changed, inject), "bwd-weight 2")
+        assert paths[-1]["path"] == "check failed" and paths[-1]["tries"] == [(1, 1)], paths[-1]
+
+
 @st.composite
 def _shapes(draw):
     width, height = draw(st.integers(10, 14)), draw(st.integers(1, 3))
@@ -165,6 +190,7 @@ def test_the_reduced_replay_equals_the_full_replay_on_random_shapes(shape):
     network, phases = _phases(mesh, sizes, batch)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(replay_columns, "_STARTS", tuple(32 << k for k in range(12)))
+        patch.setattr(replay_columns, "_RETRY_RATIO", 2)          # tries from further east on these narrow meshes
         for name, (ops, starts, ends, inject) in phases.items():
             if change is not None and name.startswith("bwd-weight"):
                 ops, starts, ends = _retimed(ops, starts, ends, mesh[0], change[0], change[1], at)

@@ -56,7 +56,8 @@ from .replay_routes import _MASK, _N, _NEVER, _RAMP_IN, _TARGETS, _UP, _UP_AT, p
 from .replay_state import (  # noqa: F401 (the replay's state, known here by the engines and tests)
     _OUT_OF_TIME, _DEADLOCK, _GRANT, _INJECT, _TX_MOVE, _POP, _ISSUE, _WRITE, _EVENT_KINDS, EdgePorts, Queues,
     Cores, Events, _record, _new_state, _T, _RUNNING, _FIFOS, _TX, _TO_INJECT, _LAST, _SEEN_PC, _CONFLICTS,
-    _FINISHED, _STOPPED, _new_scalars, _edge_ports, _BROKEN, ColumnProbe, no_probe, _probe_cycle, _probe_idle)
+    _FINISHED, _STOPPED, _new_scalars, _edge_ports, _BROKEN, ColumnProbe, no_probe, _probe_cycle, _probe_idle,
+    _probe_fail, _CHECKED)
 
 __all__ = ["Network", "Routes", "replay", "run_replay", "pack_routes", "ENGINES", "TO_ROUTER", "TO_PE", "TO_EDGE"]
 
@@ -116,12 +117,13 @@ def _low_color(rotated, first_color, colors):
 
 
 @njit(cache=True)
-def _grant_routers(routes, rows, index, queues, first_color, events):
+def _grant_routers(routes, rows, index, queues, first_color, events, probe):
     """Steps 1 and 3 in one pass over the routers (:func:`_grant_router`,
     :func:`_grant_tx_move`): both decide from the start-of-cycle queues, which
     neither changes, and each kind's events keep router order, so the events
     are those of two passes; a router's FIFOs, route rows and output queue are
-    read together. Returns the conflicts of step 1."""
+    read together. Returns the conflicts of step 1; a conflict on a router a
+    ``probe`` marks ``_CHECKED`` fails its check (:class:`ColumnProbe`)."""
     router_fifo, busy_fifos, rx = queues.router_fifo, queues.busy_fifos, queues.rx
     tx_colors, tx_head, tx_count = queues.tx_colors, queues.tx_head, queues.tx_count
     router_depth, rx_depth = routes.router_depth, routes.rx_depth
@@ -129,8 +131,12 @@ def _grant_routers(routes, rows, index, queues, first_color, events):
     conflicts = 0
     for r in range(routers):
         if busy_fifos[r] != 0:
-            conflicts += _grant_router(rows, index, router_fifo, busy_fifos[r], rx, router_depth, rx_depth, events,
-                                       r, first_color, colors)
+            held = _grant_router(rows, index, router_fifo, busy_fifos[r], rx, router_depth, rx_depth, events,
+                                 r, first_color, colors)
+            if held > 0:
+                conflicts += held
+                if probe.role.shape[0] > 0 and probe.role[r, 0] & _CHECKED:
+                    _probe_fail(probe, r % probe.info[0])
         if tx_count[r] > 0:
             _grant_tx_move(rows, index, router_fifo, router_depth, tx_colors, tx_head, events, r)
     return conflicts
@@ -454,7 +460,7 @@ def _run_packed(routes, ports, ops, queues, cores, events, scalars, limit, watch
             break
         first_color = t % colors
         count[:_WRITE] = 0
-        scalars[_CONFLICTS] += _grant_routers(routes, rows, index, queues, first_color, events) + \
+        scalars[_CONFLICTS] += _grant_routers(routes, rows, index, queues, first_color, events, probe) + \
             _grant_injections(routes, queues, ports, first_color, events, every_router)
         progressed, finished, last_exit = _step_pes(ops, cores, queues, tx_depth, events, t, every_pe, -1)
         running -= finished

@@ -28,10 +28,12 @@ function of the state and the input stream. So if at a cycle ``T``
    from the west in a column ``>= a`` was full (checked on the full replay),
 3. from ``T`` on, column ``a + P - 1`` sends east at every cycle ``t`` what
    column ``a - 1`` sent at ``t - Delta``, no FIFO fed from the west in
-   columns ``a .. K - 1`` is full at the start of a cycle, and no grant
-   depends on the rotation (all checked on the reduced replay, the first to
-   the end: the delay line must be empty when it finishes, every send of
-   column ``a - 1`` echoed),
+   columns ``a .. K - 1`` is full at the start of a cycle, and no grant in
+   columns ``a .. K - 1`` depends on the rotation (all checked on the reduced
+   replay, the first to the end: the delay line must be empty when it
+   finishes, every send of column ``a - 1`` echoed; columns ``0 .. a - 1`` are
+   replayed at the full replay's own cycles, so their grants may depend on the
+   rotation: nothing copies them),
 
 then by induction over ``t`` (all columns at once) the reduced replay of
 columns ``0 .. K - 1`` from the full replay's state at ``T``, column
@@ -54,10 +56,21 @@ after every push. The delay line is part of the state the period search
 compares (:mod:`.replay_periods`, ``extra``), so a skipped period or a jumped
 transition repeats cycles whose checks passed (the same state and delay line
 give the same sends and the same comparisons), and its conflict counter
-covers the skipped cycles as it does in the full replay. Where no ``T`` shows
-the shift, or any check fails, the reduced replay hangs or has a conflict, the
-full replay goes on from the state it had reached at ``T`` (kept apart from the
-reduced one's), with the period search: the count is the full replay's.
+covers the skipped cycles as it does in the full replay. A rotation-dependent
+grant fails the check on the router where it happens (``_CHECKED`` routers,
+:func:`.replay._grant_routers`).
+
+**Tries from further east.** Conditions 1 and 2 at ``T`` hold for every
+``a' >= a`` too, so a try whose check failed at column ``c`` (the copy
+column for a send, else the column of the full FIFO or of the
+rotation-dependent grant) is made again from the same ``T`` with ``a' =
+max(2a, c + 1)``, while the mesh is at least ``_RETRY_RATIO`` times wider
+than ``a' + 2P``: a transient of the west columns that the east ones do not
+share (on 64x994 the weight gradients' grants at the wrap row depend on the
+rotation in columns 1 to 5 only, for a while) is then replayed exactly
+instead of copied. Where no ``T`` shows the shift, or every try fails, the
+full replay goes on from the state it had reached at ``T`` (kept apart from
+the reduced ones'), with the period search: the count is the full replay's.
 """
 
 from __future__ import annotations
@@ -72,16 +85,19 @@ from wse.firmware.training.timing import VEC
 from .network import TO_EDGE, TO_ROUTER, Network
 from .replay import (_CONFLICTS, _FINISHED, _FIFOS, _GRANT, _LAST, _OUT_OF_TIME, _RUNNING, _T, _TO_INJECT, _TX,
                      _WRITE, _NEVER, _edge_ports, _new_scalars, _new_state, _packed, _run)
-from .replay_state import _COPY, _SOURCE, _WEST_FED, ColumnProbe, Cores, Queues
+from .replay_state import _CHECKED, _COPY, _SOURCE, _WEST_FED, ColumnProbe, Cores, Queues
 
 __all__ = ["reduced_replay", "column_shape", "WINDOW", "MIN_RATIO"]
 
 #: The most cycles ``Delta`` a column may lag the one ``P`` west of it (the full replay's window before ``T``).
 WINDOW = 32
 #: Bytes of the full replay's states kept in that window (a huge mesh looks for a smaller ``Delta``).
-_WINDOW_BYTES = 512 << 20
+_WINDOW_BYTES = 1 << 30
 #: The mesh must be at least this many times wider than the reduced one (``K`` columns) for the reduced replay.
 MIN_RATIO = 2
+#: ... and this many times wider for a try from further east after a failed check (the failed tries together
+#: cost at most about half a full replay up to their failures).
+_RETRY_RATIO = 4
 #: The cycles ``T`` tried for the start of the shift (the full replay runs up to the first that passes).
 _STARTS = tuple(256 << k for k in range(8))
 _EAST = 1 << int(Port.E)
@@ -162,7 +178,7 @@ def _features(queues, cores, writes, starts, t: int) -> np.ndarray:
 
 class _Window:
     """The full replay stepped a cycle at a time before a candidate ``T``: each visited
-    cycle's features, conflict count, west-fed FIFOs full or not, and column ``a - 1``'s
+    cycle's features, conflict count, west-fed FIFOs full or not, and every column's
     sends east (a cycle the idle skip passed sends nothing)."""
 
     def __init__(self, network, a: int, length: int, starts):
@@ -171,7 +187,8 @@ class _Window:
         self.W, self.a, self.length, self.starts = W, a, length, starts
         column = np.arange(W * H) % W
         self.west_fed = (network.input_port == int(Port.W)) & (column >= a)[:, None]
-        self.source = ((network.output_mask & _EAST) != 0) & (column == a - 1)[:, None]
+        self.east = (network.output_mask & _EAST) != 0
+        self.bits = np.int32 if cfg.colors < 32 else np.int64
         self.cycles: dict[int, tuple] = {}
 
     def record(self, t, queues, cores, events, scalars, depth) -> None:
@@ -190,13 +207,14 @@ class _Window:
         return entry[0]
 
     def sends(self, t, events) -> np.ndarray:
-        """Column ``a - 1``'s sends east in cycle ``t`` (just run), colors as bits per row."""
+        """Every column's sends east in cycle ``t`` (just run), colors as bits, ``[rows, columns]`` (a
+        later try with another ``a`` takes its column ``a - 1`` from them)."""
         n = int(events.count[_GRANT])
         who, color = events.who[_GRANT, :n], events.color[_GRANT, :n]
-        east = self.source[who, color]
-        out = np.zeros(self.source.shape[0] // self.W, dtype=np.int64)
-        np.bitwise_or.at(out, who[east] // self.W, np.left_shift(1, color[east]))
-        return out
+        east = self.east[who, color]
+        out = np.zeros(self.east.shape[0], dtype=self.bits)
+        np.bitwise_or.at(out, who[east], np.left_shift(1, color[east]).astype(self.bits))
+        return out.reshape(-1, self.W)
 
     def shift(self, T: int, a: int, P: int) -> int | None:
         """The ``Delta`` for which preconditions 1 and 2 hold at ``T``, or None."""
@@ -223,7 +241,7 @@ class _Window:
 
 def _prerun(network, ops, starts, inject, a: int, P: int, limit: int):
     """Run the full replay until a ``T`` passing preconditions 1 and 2: ``(state, (T, Delta,
-    sends of column a - 1 in [T - Delta, T)), None)``; ``(state, None, None)`` if none does
+    every column's sends in [T - Delta, T), [rows, columns] each), None)``; ``(state, None, None)`` if none does
     (the run goes on from its state), ``(state, None, status)`` if it ended (``_FINISHED``)
     or hung."""
     routes = network.routes()
@@ -249,7 +267,7 @@ def _prerun(network, ops, starts, inject, a: int, P: int, limit: int):
         if T in window.cycles:
             delta = window.shift(T, a, P)
             if delta is not None:
-                zero = np.zeros(network.config.height, dtype=np.int64)
+                zero = np.zeros((network.config.height, network.config.width), dtype=window.bits)
                 return state, (T, delta, [sends.get(s, zero) for s in range(T - delta, T)]), None
         window.cycles.clear()
     return state, None, None
@@ -294,12 +312,12 @@ def _probe(network: Network, a: int, P: int, T: int, delta: int, line) -> Column
     column = (np.arange(H * K) % K)[:, None]
     east = (network.output_mask & _EAST) != 0
     role = np.where(east & (column == a - 1), _SOURCE, 0) | np.where(east & (column == a + P - 1), _COPY, 0) | \
-        np.where(east & (column >= a - 1) & (column <= K - 2), _WEST_FED, 0)
+        np.where(east & (column >= a - 1) & (column <= K - 2), _WEST_FED, 0) | np.where(column >= a, _CHECKED, 0)
     ring = np.zeros((delta, H), dtype=np.int64)
     for s, sent in enumerate(line):
         ring[(T - delta + s) % delta] = sent
     return ColumnProbe(role.astype(np.int64), ring, np.zeros((2, H), dtype=np.int64), np.full(K, -1, dtype=np.int64),
-                       np.zeros(1, dtype=np.int64), np.array([K, delta, H], dtype=np.int64))
+                       np.zeros(2, dtype=np.int64), np.array([K, delta, H, a + P - 1], dtype=np.int64))
 
 
 def _cut_state(full, small: Network, small_routes, W: int, K: int, starts):
@@ -346,9 +364,8 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
     preconditions fail (nothing has run). ``ops`` as :func:`.replay.run_replay` passes them.
     ``info``, if given, is filled with what happened (``"path"``: ``"no shape"``,
     ``"no shift"``, ``"ended before T"``, ``"check failed"`` or ``"reduced"``; ``a``, ``P``,
-    ``T``, ``delta``, the reduced replay's columns ``K``)."""
-    from .replay_periods import run_with_periods
-
+    ``T``, ``delta``, the reduced replay's columns ``K``; ``"tries"``: ``(a, column)`` of each
+    try whose check failed, at that column)."""
     info = {} if info is None else info
     info["path"] = "no shape"
     shape = column_shape(network, ops, starts, ends, inject)
@@ -356,7 +373,6 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
         return None
     a, P = shape
     info.update(a=a, P=P, K=a + 2 * P, path="no shift")
-    K = a + 2 * P
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
     full, found, ended = _prerun(network, ops, starts, inject, a, P, limit)
@@ -366,9 +382,31 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
         return (int(scalars[_LAST]) + 1 if ended == _FINISHED else int(ended)), full[3].free_at - 1
     if found is None:
         return _go_on(full, ops, ends, limit, run)
-    T, delta, line = found
-    info.update(T=T, delta=delta, path="check failed")
+    T, delta, sends = found
+    info.update(T=T, delta=delta, path="check failed", tries=[])
+    while True:
+        K = a + 2 * P
+        result = _reduced(network, full, ops, starts, ends, limit, a, P, T, delta, [s[:, a - 1] for s in sends])
+        if isinstance(result, tuple):
+            info.update(a=a, K=K, path="reduced")
+            return result
+        info["tries"].append((a, result))
+        # The check failed at column `result`: the columns west of it may be a transient the columns east of it
+        # do not share (the weight gradients' wrap row on tall meshes), so the copies are tried again from
+        # further east, from the same T (conditions 1 and 2 hold there for every a' >= a).
+        a = max(2 * a, result + 1)
+        if _RETRY_RATIO * (a + 2 * P) > network.config.width:
+            return _go_on(full, ops, ends, limit, run)
+
+
+def _reduced(network: Network, full, ops, starts, ends, limit: int, a: int, P: int, T: int, delta: int, line):
+    """The reduced replay of columns ``0 .. a + 2P - 1`` from the full replay's state ``full`` at ``T``
+    (kept as it is), column ``a - 1``'s sends in ``[T - delta, T)`` in ``line``: ``(cycles, every PE's last
+    cycle)`` of the full replay if every check held, else the column where the first one failed."""
+    from .replay_periods import run_with_periods
+
     W, H = network.config.width, network.config.height
+    K = a + 2 * P
     small = _columns(network, K)
     small_routes = small.routes()
     ports, queues, cores, events, scalars, keep = _cut_state(full, small, small_routes, W, K, starts)
@@ -381,18 +419,20 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
 
     result = run_with_periods(small_routes, ports, ops, queues, cores, events, limit, watch,
                               int(small_ends[watch]), checked, scalars, _Extra(probe))
+    if probe.flag[0]:
+        return int(probe.flag[1])
     # Condition 3 holds to the end only if every send of column a-1 still in the delay line when the reduced
-    # replay finishes has had its echo: a send left in the line was never compared.
-    if result < 0 or scalars[_CONFLICTS] != 0 or probe.line.any():
-        return _go_on(full, ops, ends, limit, run)
+    # replay finishes has had its echo: a send left in the line was never compared. A hang of the reduced
+    # replay says nothing of the full one.
+    if result < 0 or probe.line.any():
+        return a + P - 1
     exits = np.full((H, W), -1, dtype=np.int64)
     exits[:, :K] = (cores.free_at - 1).reshape(H, K)
     # A copy column's last grant is its model's shifted only if that grant is at or after T; a PE that finished
     # before T keeps its own exit (taken per PE below), so exits of done PEs do not enter the shifted count.
     last = probe.col_last[K - P:]
     if (last < T).any():
-        return _go_on(full, ops, ends, limit, run)
-    info["path"] = "reduced"
+        return K - P
     done_at_T = full[3].done.reshape(H, W)
     exit_at_T = (full[3].free_at - 1).reshape(H, W)
     for j in range(K, W):

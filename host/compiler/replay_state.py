@@ -161,7 +161,7 @@ def _edge_ports(network: Network, inject: dict) -> EdgePorts:
 _BROKEN = -3
 
 # Roles of a router's route of a color in a :class:`ColumnProbe` (bits of ``ColumnProbe.role``).
-_SOURCE, _COPY, _WEST_FED = 1, 2, 4
+_SOURCE, _COPY, _WEST_FED, _CHECKED = 1, 2, 4, 8
 
 
 class ColumnProbe(NamedTuple):
@@ -170,14 +170,19 @@ class ColumnProbe(NamedTuple):
 
     ``role[r, c]`` marks router ``r``'s route of color ``c``: ``_SOURCE`` (column
     ``a - 1`` sends it east), ``_COPY`` (column ``a + P - 1`` sends it east),
-    ``_WEST_FED`` (its east target is a FIFO fed from the west in a checked column).
+    ``_WEST_FED`` (its east target is a FIFO fed from the west in a checked column),
+    ``_CHECKED`` (on every color of a router in a column ``>= a``: its grants must
+    not depend on the color rotation, :func:`.replay._grant_routers`).
     ``line[t mod delta, i]`` holds the colors column ``a - 1`` sent east on row
     ``i`` at cycle ``t - delta`` until cycle ``t`` overwrites it (a delay line), and
     column ``a + P - 1``'s sends at ``t`` must equal it; a FIFO fed from the west
     must never be full at the start of a cycle. ``flag[0]`` becomes 1 when
-    either fails. ``col_last[j]``: the last cycle a router of column ``j``
-    granted a wavelet (-1: none yet). ``info``: ``(columns, delta, rows)``;
-    ``cur`` is scratch. A probe with ``role`` of shape ``(0, 0)`` checks nothing."""
+    any of these fails, and ``flag[1]`` is then the column where the first failure
+    was seen (the copy column ``a + P - 1`` for a send, the column of the full FIFO
+    or of the rotation-dependent grant). ``col_last[j]``: the last cycle a router
+    of column ``j`` granted a wavelet (-1: none yet). ``info``: ``(columns, delta,
+    rows, a + P - 1)``; ``cur`` is scratch. A probe with ``role`` of shape ``(0, 0)``
+    checks nothing."""
 
     role: np.ndarray
     line: np.ndarray
@@ -190,8 +195,16 @@ class ColumnProbe(NamedTuple):
 def no_probe() -> ColumnProbe:
     """A :class:`ColumnProbe` that checks nothing (the replay of a whole mesh)."""
     empty = np.zeros((0, 0), dtype=np.int64)
-    return ColumnProbe(empty, empty, empty, np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64),
-                       np.zeros(3, dtype=np.int64))
+    return ColumnProbe(empty, empty, empty, np.zeros(0, dtype=np.int64), np.zeros(2, dtype=np.int64),
+                       np.zeros(4, dtype=np.int64))
+
+
+@njit(cache=True, inline="always")
+def _probe_fail(probe, column):
+    """Mark a :class:`ColumnProbe`'s check failed at ``column`` (the first failure's column is kept)."""
+    if probe.flag[0] == 0:
+        probe.flag[1] = column
+    probe.flag[0] = 1
 
 
 @njit(cache=True, nogil=True)
@@ -211,11 +224,11 @@ def _probe_cycle(probe, events, router_fifo, router_depth, t):
         if kind & _COPY:
             cur[1, r // columns] |= 1 << c
         if kind & _WEST_FED and router_fifo[r + 1, c] >= router_depth:
-            probe.flag[0] = 1
+            _probe_fail(probe, (r + 1) % columns)
     slot = t % delta
     for i in range(rows):
         if cur[1, i] != line[slot, i]:
-            probe.flag[0] = 1
+            _probe_fail(probe, probe.info[3])
         line[slot, i] = cur[0, i]
     return probe.flag[0]
 
@@ -228,6 +241,6 @@ def _probe_idle(probe, first, stop):
     for s in range(first, min(stop, first + delta)):
         for i in range(rows):
             if probe.line[s % delta, i] != 0:
-                probe.flag[0] = 1
+                _probe_fail(probe, probe.info[3])
             probe.line[s % delta, i] = 0
     return probe.flag[0]
