@@ -16,7 +16,8 @@ from wse.config import FabricConfig
 from wse.firmware.training.timing import BUSY
 from wse.host.compiler import compile_model, replay_columns, replay_periods, trace
 from wse.host.compiler.cycles import Network, phase_injections, phase_ops
-from wse.host.compiler.replay import run_replay
+from wse.host.compiler.replay import _GRANT, run_replay
+from wse.host.compiler.replay_state import new_events
 from wse.host.compiler.weight_streaming import plan
 from wse.host.runtime import Runtime
 from wse.host.runtime.golden import GoldenBackend
@@ -37,9 +38,9 @@ def paths(monkeypatch):
     return seen
 
 
-def _phases(mesh, sizes, batch):
+def _phases(mesh, sizes, batch, **config):
     torch.manual_seed(0)
-    cfg = FabricConfig(width=mesh[0], height=mesh[1])
+    cfg = FabricConfig(width=mesh[0], height=mesh[1], **config)
     exe_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])), cfg, batch)
     network = Network(cfg, exe_plan.routes)
     return network, {name: (*phase_ops(exe_plan, phase), phase_injections(phase))
@@ -146,7 +147,8 @@ def test_a_failed_check_falls_back_to_the_full_replay(paths):
             assert _reference(network, *changed, inject)[0] == plain + cycles
 
 
-def test_a_try_from_further_east_replays_the_west_columns_transient(paths, monkeypatch):
+@pytest.mark.parametrize("height,colors", [(3, 16), (3, 7), (5, 16), (4, 7)])
+def test_a_try_from_further_east_replays_the_west_columns_transient(height, colors, paths, monkeypatch):
     """Column 0 made early floods column 1: the first try's check fails there, and a try from
     column 2 on (the same ``T``) replays columns 0 and 1 exactly, rotation-dependent grants
     in them included (nothing copies those columns), and copies the rest: the count and
@@ -159,16 +161,36 @@ def test_a_try_from_further_east_replays_the_west_columns_transient(paths, monke
         conflicts.append(int(args[10][replay_periods._CONFLICTS]))
         return result
     monkeypatch.setattr(replay_periods, "run_with_periods", spy)
-    network, phases = _phases((24, 3), (6, 48, 40, 3), 48)
+    network, phases = _phases((24, height), (6, 48, 40, 3), 48, colors=colors)
     ops, starts, ends, inject = phases["bwd-weight 2"]
     changed = _retimed(ops, starts, ends, 24, 0, -40)
     _assert_same(network, (*changed, inject), "bwd-weight 2")
     assert paths[-1]["path"] == "reduced" and paths[-1]["tries"] == [(1, 1)] and paths[-1]["a"] == 2, paths[-1]
-    assert conflicts[-1] > 0, conflicts          # the accepted try had rotation-dependent grants, west of a
+    if height == 3:
+        assert conflicts[-1] > 0, conflicts      # the accepted try had rotation-dependent grants, west of a
     with monkeypatch.context() as patch:         # on a mesh too narrow for a second try: the full replay's count
         patch.setattr(replay_columns, "_RETRY_RATIO", 5)
         _assert_same(network, (*changed, inject), "bwd-weight 2")
         assert paths[-1]["path"] == "check failed" and paths[-1]["tries"] == [(1, 1)], paths[-1]
+
+
+@pytest.mark.parametrize("colors", [8, 16, 32])
+def test_the_delay_line_keeps_every_color(colors):
+    """The sends east kept for the delay line (``_Window.sends``) hold every color as its bit,
+    up to the top one (the events hold colors as int8, where a shift loses color 7 and up)."""
+    network, _ = _phases((12, 2), (6, 48, 40, 3), 24, colors=colors)
+    window = replay_columns._Window(network, 1, 4, np.zeros(24, dtype=np.int64))
+    window.east[:] = True                        # every route sends east: each grant is a send
+    events = new_events(64)
+    picked = [(r, c) for r, c in zip(range(0, 24, 3), range(colors - 1, -1, -1))]
+    for r, c in picked:
+        events.who[_GRANT, events.count[_GRANT]], events.color[_GRANT, events.count[_GRANT]] = r, c
+        events.count[_GRANT] += 1
+    sends = window.sends(0, events)
+    expected = np.zeros((2, 12), dtype=np.int64)
+    for r, c in picked:
+        expected[r // 12, r % 12] |= 1 << c
+    assert sends.shape == (2, 12) and np.array_equal(sends.astype(np.int64), expected)
 
 
 @st.composite

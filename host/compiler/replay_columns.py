@@ -95,8 +95,8 @@ WINDOW = 32
 _WINDOW_BYTES = 1 << 30
 #: The mesh must be at least this many times wider than the reduced one (``K`` columns) for the reduced replay.
 MIN_RATIO = 2
-#: ... and this many times wider for a try from further east after a failed check (the failed tries together
-#: cost at most about half a full replay up to their failures).
+#: ... and this many times wider for a try from further east after a failed check (the first try and the
+#: later ones together cost at most about one full replay up to their failures).
 _RETRY_RATIO = 4
 #: The cycles ``T`` tried for the start of the shift (the full replay runs up to the first that passes).
 _STARTS = tuple(256 << k for k in range(8))
@@ -184,7 +184,7 @@ class _Window:
     def __init__(self, network, a: int, length: int, starts):
         cfg = network.config
         W, H = cfg.width, cfg.height
-        self.W, self.a, self.length, self.starts = W, a, length, starts
+        self.W, self.length, self.starts = W, length, starts
         column = np.arange(W * H) % W
         self.west_fed = (network.input_port == int(Port.W)) & (column >= a)[:, None]
         self.east = (network.output_mask & _EAST) != 0
@@ -213,7 +213,7 @@ class _Window:
         who, color = events.who[_GRANT, :n], events.color[_GRANT, :n]
         east = self.east[who, color]
         out = np.zeros(self.east.shape[0], dtype=self.bits)
-        np.bitwise_or.at(out, who[east], np.left_shift(1, color[east]).astype(self.bits))
+        np.bitwise_or.at(out, who[east], np.left_shift(self.bits(1), color[east].astype(self.bits)))  # not int8
         return out.reshape(-1, self.W)
 
     def shift(self, T: int, a: int, P: int) -> int | None:
@@ -365,7 +365,7 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
     ``info``, if given, is filled with what happened (``"path"``: ``"no shape"``,
     ``"no shift"``, ``"ended before T"``, ``"check failed"`` or ``"reduced"``; ``a``, ``P``,
     ``T``, ``delta``, the reduced replay's columns ``K``; ``"tries"``: ``(a, column)`` of each
-    try whose check failed, at that column)."""
+    try whose check failed, ``column`` as :func:`_reduced` returns it)."""
     info = {} if info is None else info
     info["path"] = "no shape"
     shape = column_shape(network, ops, starts, ends, inject)
@@ -390,6 +390,8 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
         if isinstance(result, tuple):
             info.update(a=a, K=K, path="reduced")
             return result
+        if result is None:                      # the reduced replay hung with every check held: so does the full one
+            return _go_on(full, ops, ends, limit, run)
         info["tries"].append((a, result))
         # The check failed at column `result`: the columns west of it may be a transient the columns east of it
         # do not share (the weight gradients' wrap row on tall meshes), so the copies are tried again from
@@ -402,7 +404,11 @@ def reduced_replay(network: Network, ops, starts, ends, inject: dict, limit: int
 def _reduced(network: Network, full, ops, starts, ends, limit: int, a: int, P: int, T: int, delta: int, line):
     """The reduced replay of columns ``0 .. a + 2P - 1`` from the full replay's state ``full`` at ``T``
     (kept as it is), column ``a - 1``'s sends in ``[T - delta, T)`` in ``line``: ``(cycles, every PE's last
-    cycle)`` of the full replay if every check held, else the column where the first one failed."""
+    cycle)`` of the full replay if every check held; else the column to try again east of: the one where the
+    first failed check was seen (in a cycle, routers in order, grants before FIFOs and sends), the copy column
+    ``a + P - 1`` if a send of column ``a - 1`` was left unechoed, ``K - P`` if a column copied had no grant
+    from ``T`` on; None if the reduced replay hung (it is the full replay on its columns, so the full one
+    hangs too: no try from further east can count it)."""
     from .replay_periods import run_with_periods
 
     W, H = network.config.width, network.config.height
@@ -421,10 +427,11 @@ def _reduced(network: Network, full, ops, starts, ends, limit: int, a: int, P: i
                               int(small_ends[watch]), checked, scalars, _Extra(probe))
     if probe.flag[0]:
         return int(probe.flag[1])
+    if result < 0:
+        return None
     # Condition 3 holds to the end only if every send of column a-1 still in the delay line when the reduced
-    # replay finishes has had its echo: a send left in the line was never compared. A hang of the reduced
-    # replay says nothing of the full one.
-    if result < 0 or probe.line.any():
+    # replay finishes has had its echo: a send left in the line was never compared.
+    if probe.line.any():
         return a + P - 1
     exits = np.full((H, W), -1, dtype=np.int64)
     exits[:, :K] = (cores.free_at - 1).reshape(H, K)
