@@ -41,7 +41,8 @@ process): ``regions_speedup_cpu`` is its CPU time over the default's (``same_cyc
 Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
 (1024-1024-1024-10, 32x32, batch 256), ``mlp2048`` (2048-2048-2048-10,
 64x64, batch 512), ``mlp4096`` (4096-4096-4096-10, 128x128, batch 1024),
-``wafer`` (4096-4096-4096-10 on 750x994, batch 6000: the WSE-2's mesh), ``wafer_rows`` (the same
+``wafer`` (4096-4096-4096-10 on 750x994, batch 6000: the WSE-2's mesh; with ``--cycles-only`` about 70
+minutes and 17 GB on 2 cores), ``wafer_rows`` (the same
 model on the wafer's 994 rows and 64 columns, batch 512: its rows' features and a column's tokens, at a
 twelfth of its PEs).
 """
