@@ -174,6 +174,21 @@ def test_a_try_from_further_east_replays_the_west_columns_transient(height, colo
         assert paths[-1]["path"] == "check failed" and paths[-1]["tries"] == [(1, 1)], paths[-1]
 
 
+@pytest.mark.slow
+def test_a_tall_mesh_whose_wrap_rows_break_the_first_tries(paths):
+    """32x400 (8 tokens a column and 4 or 5 features a row, as on the wafer): the weight
+    gradients' grants at the rows the column ring's wrap crosses depend on the rotation for
+    a while in the west columns only, so the first tries fail and one from further east
+    counts the phase: the count and every PE's last cycle are the full replay's (with its
+    period search, itself proven equal to the reference in ``test_replay_periods.py``)."""
+    network, phases = _phases((32, 400), (1640, 1640, 1640, 10), 256)
+    ops, starts, ends, inject = phases["bwd-weight 2"]
+    count, exits = run_replay(network, ops, starts, ends, inject)
+    assert paths[-1]["path"] == "reduced" and paths[-1]["a"] > 1 and paths[-1]["tries"], paths[-1]
+    full, full_exits = run_replay(network, ops, starts, ends, inject, columns=False)
+    assert count == full and np.array_equal(exits, full_exits)
+
+
 @pytest.mark.parametrize("colors", [8, 16, 32])
 def test_the_delay_line_keeps_every_color(colors):
     """The sends east kept for the delay line (``_Window.sends``) hold every color as its bit,
