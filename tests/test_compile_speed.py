@@ -324,6 +324,45 @@ def test_the_fast_engine_leaves_the_reference_state_at_every_op_row(case):
         stops += len(reference)
     assert stops > 10 * len(exe_plan.phases)
 
+def _limits(network, ops, starts, inject, run, step):
+    """The whole replay state each time a run with the cycle limit raised by ``step`` stops, to the end."""
+    from wse.host.compiler import replay as engine
+    routes = network.routes()
+    ports = engine._edge_ports(network, inject)
+    starts, ops = starts.astype(np.int64), np.ascontiguousarray(ops, dtype=np.int32)
+    queues, cores, events = engine._new_state(routes, ports, starts)
+    scalars = engine._new_scalars(starts, ports, -1)
+    out = []
+    while True:
+        status = run(routes, ports, ops, queues, cores, events, scalars, int(scalars[engine._T]) + step, -1)
+        n = events.count[engine._WRITE]
+        writes = sorted(zip(events.who[engine._WRITE, :n].tolist(), events.color[engine._WRITE, :n].tolist()))
+        out.append((status, [a.copy() for a in (*queues, *cores, ports.left, scalars)], writes))
+        if status != engine._OUT_OF_TIME:
+            return out
+
+
+@pytest.mark.parametrize("step", [1, 7, 100])
+def test_the_fast_engine_stops_at_a_cycle_limit_as_the_reference(step):
+    """Both engines run to a cycle limit again and again (the reduced replay's full run up to each
+    candidate ``T``): the same status, queues, cores, edge ports, counters and pending writes at every
+    stop, idle skips past the limit included. (The fast engine used to report a hang where the next
+    PE to go on was past the limit, and to leave its counters unwritten at the limit.)"""
+    from wse.host.compiler import replay as engine
+    from wse.host.compiler.replay_events import run_events
+    torch.manual_seed(0)
+    config = FabricConfig(width=4, height=3)
+    exe_plan = plan(trace(mlp(5, 24, 3), torch.randn(6, 5)), config, 6)
+    network = Network(config, exe_plan.routes)
+    fast = run_events(network)
+    for name, phase in exe_plan.phases.items():
+        ops, starts, ends = phase_ops(exe_plan, phase)
+        inject = phase_injections(phase)
+        reference = _limits(network, ops, starts, inject, engine._run, step)
+        assert reference[-1][0] == engine._FINISHED and len(reference) >= 2, name
+        assert _same_states(reference, _limits(network, ops, starts, inject, fast, step)), (name, step)
+
+
 
 def test_the_fast_engine_counts_the_sparse_gemm_and_the_layer_pipeline_as_the_reference(monkeypatch):
     """The other users of the replay: the sparse GEMM's timing and the layer-pipelined phases."""

@@ -405,9 +405,9 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
     frozen_until = -1           # as in replay._run: in a stretch that moved nothing, the wake found
     every_router = np.zeros(0, dtype=np.bool_)
     while running > 0 or nonempty_fifos > 0 or tx_wavelets > 0 or to_inject > 0 or count[_WRITE] > 0:
-        if t >= limit:
-            _settle(cores, wakes, ran)
-            return _OUT_OF_TIME
+        if t >= limit:          # as in replay._run: the counters are kept, a run may go on with a later limit
+            status = _OUT_OF_TIME
+            break
         if watch >= 0 and cores.pc[watch] >= scalars[_SEEN_PC]:
             status = _STOPPED
             break
@@ -431,8 +431,8 @@ def _run_events(routes, ports, ops, queues, cores, events, scalars, limit, watch
         tx_wavelets += count[_WRITE] - count[_TX_MOVE]
         _apply_pe(queues, wakes, events, t)
         if moves == 0 and issued == 0 and progressed == 0 and nonempty_fifos == 0 and tx_wavelets == 0:
-            wake = _next_due(cores, wakes, limit)
-            if wake < limit:
+            wake = _next_due(cores, wakes, _NO_WAKE)
+            if wake < _NO_WAKE:      # at or after limit: stopped at the loop's top, as in replay._run
                 t = wake
                 continue
             if running > 0 or to_inject > 0:
