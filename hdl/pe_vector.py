@@ -84,6 +84,7 @@ class VectorEngine(wiring.Component):
 
     def __init__(self, config: FabricConfig):
         if not isinstance(config, FabricConfig):
+            self._MustUse__silence = True  # a rejected design is not an unused one
             raise TypeError(f"config must be a FabricConfig, not {config!r}")
         self.config = config
         super().__init__({

@@ -16,11 +16,14 @@ pattern). :func:`test_golden_bench_matches_fabric` checks the bench against a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
+import warnings
 from collections import deque
 
 import numpy as np
 import pytest
+from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +34,7 @@ from wse.firmware.asm import assemble
 from wse.firmware.image import Program, TaskEntry
 from wse.hdl.decoder import DECODED_LAYOUT, FIELD_WIDTHS, Decoder, Opcode
 from wse.hdl.pe import PE
+from wse.hdl.pe_vector import VectorEngine
 from wse.hdl.wavelet import COUNTER_NAMES, HostSpace
 from wse.sim.golden import Fabric
 from wse.sim.golden.pe import PE as GoldenPE
@@ -306,9 +310,18 @@ def f32(x):
 
 
 # --------------------------------------------------------------------------- construction, decoder
-def test_pe_rejects_a_non_config():
-    with pytest.raises(TypeError, match=r"config must be a FabricConfig, not 'big'"):
-        PE("big")
+def test_pe_rejects_a_non_config(monkeypatch):
+    """One clear error, and the rejected object is not reported later as an unused design (the
+    warning amaranth turns on once anything has been elaborated in the process)."""
+    monkeypatch.setattr(UnusedElaboratable, "_MustUse__silence", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError, match=r"config must be a FabricConfig, not 'big'"):
+            PE("big")
+        with pytest.raises(TypeError, match=r"config must be a FabricConfig, not 3"):
+            VectorEngine(3)
+        gc.collect()
+    assert not [w for w in caught if "never used" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_decoder_matches_isa_decode():
