@@ -269,23 +269,35 @@ def test_compile_model_without_cycles():
 
 # The fast engine (replay_events) against the reference engine -------------------------
 
-def _stops(network, ops, starts, ends, inject, run):
-    """The whole replay state at every op row of the PE with the longest list, until the end
-    (``run`` may be a list of engines: the ``k``-th stretch then runs on ``run[k % len(run)]``)."""
+def _fresh(network, ops, starts, inject, watch):
+    """A fresh replay's arguments: ``routes, ports, ops, queues, cores, events, scalars``."""
     from wse.host.compiler import replay as engine
     routes = network.routes()
     ports = engine._edge_ports(network, inject)
     starts, ops = starts.astype(np.int64), np.ascontiguousarray(ops, dtype=np.int64)
     queues, cores, events = engine._new_state(routes, ports, starts)
+    return routes, ports, ops, queues, cores, events, engine._new_scalars(starts, ports, watch)
+
+
+def _taken(status, ports, queues, cores, events, scalars):
+    """A stop's status and a copy of the whole replay state (pending writes sorted)."""
+    from wse.host.compiler import replay as engine
+    n = events.count[engine._WRITE]
+    writes = sorted(zip(events.who[engine._WRITE, :n].tolist(), events.color[engine._WRITE, :n].tolist()))
+    return status, [a.copy() for a in (*queues, *cores, ports.left, scalars)], writes
+
+
+def _stops(network, ops, starts, ends, inject, run):
+    """The whole replay state at every op row of the PE with the longest list, until the end
+    (``run`` may be a list of engines: the ``k``-th stretch then runs on ``run[k % len(run)]``)."""
+    from wse.host.compiler import replay as engine
     watch = int(np.argmax(ends - starts))
-    scalars = engine._new_scalars(starts, ports, watch)
+    routes, ports, ops, queues, cores, events, scalars = _fresh(network, ops, starts, inject, watch)
     out = []
     while True:
         step = run[len(out) % len(run)] if isinstance(run, list) else run
         status = step(routes, ports, ops, queues, cores, events, scalars, 1 << 40, watch)
-        n = events.count[engine._WRITE]
-        writes = sorted(zip(events.who[engine._WRITE, :n].tolist(), events.color[engine._WRITE, :n].tolist()))
-        out.append((status, [a.copy() for a in (*queues, *cores, ports.left, scalars)], writes))
+        out.append(_taken(status, ports, queues, cores, events, scalars))
         if status != engine._STOPPED:
             return out
         scalars[engine._SEEN_PC] = cores.pc[watch] + 1
@@ -324,29 +336,23 @@ def test_the_fast_engine_leaves_the_reference_state_at_every_op_row(case):
         stops += len(reference)
     assert stops > 10 * len(exe_plan.phases)
 
+
 def _limits(network, ops, starts, inject, run, step):
     """The whole replay state each time a run with the cycle limit raised by ``step`` stops, to the end."""
     from wse.host.compiler import replay as engine
-    routes = network.routes()
-    ports = engine._edge_ports(network, inject)
-    starts, ops = starts.astype(np.int64), np.ascontiguousarray(ops, dtype=np.int32)
-    queues, cores, events = engine._new_state(routes, ports, starts)
-    scalars = engine._new_scalars(starts, ports, -1)
+    routes, ports, ops, queues, cores, events, scalars = _fresh(network, ops, starts, inject, -1)
     out = []
     while True:
         status = run(routes, ports, ops, queues, cores, events, scalars, int(scalars[engine._T]) + step, -1)
-        n = events.count[engine._WRITE]
-        writes = sorted(zip(events.who[engine._WRITE, :n].tolist(), events.color[engine._WRITE, :n].tolist()))
-        out.append((status, [a.copy() for a in (*queues, *cores, ports.left, scalars)], writes))
+        out.append(_taken(status, ports, queues, cores, events, scalars))
         if status != engine._OUT_OF_TIME:
             return out
 
 
 @pytest.mark.parametrize("step", [1, 7, 100])
 def test_the_fast_engine_stops_at_a_cycle_limit_as_the_reference(step):
-    """Both engines run to a cycle limit again and again (the reduced replay's full run up to each
-    candidate ``T``): the same status, queues, cores, edge ports, counters and pending writes at every
-    stop, idle skips past the limit included. (The fast engine used to report a hang where the next
+    """Both engines run to a cycle limit again and again: the same status, queues, cores, edge
+    ports, counters and pending writes at every stop, idle skips past the limit included. (The fast engine used to report a hang where the next
     PE to go on was past the limit, and to leave its counters unwritten at the limit.)"""
     from wse.host.compiler import replay as engine
     from wse.host.compiler.replay_events import run_events
@@ -361,7 +367,6 @@ def test_the_fast_engine_stops_at_a_cycle_limit_as_the_reference(step):
         reference = _limits(network, ops, starts, inject, engine._run, step)
         assert reference[-1][0] == engine._FINISHED and len(reference) >= 2, name
         assert _same_states(reference, _limits(network, ops, starts, inject, fast, step)), (name, step)
-
 
 
 def test_the_fast_engine_counts_the_sparse_gemm_and_the_layer_pipeline_as_the_reference(monkeypatch):
