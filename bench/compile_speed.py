@@ -86,6 +86,57 @@ def _model(sizes):
     return nn.Sequential(*layers)
 
 
+def phase_arguments(parser, mesh, batch: int, png: str) -> None:
+    """The arguments of a one-phase measurement (``bench/region_replay.py``, ``bench/row_pace.py``):
+    ``--mesh``, ``--sizes``, ``--batch``, ``--phase`` and ``--png`` (``png``: what it draws)."""
+    parser.add_argument("--mesh", nargs=2, type=int, default=list(mesh), metavar=("W", "H"))
+    parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 4096, 4096, 10])
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--phase", default="fwd 0")
+    parser.add_argument("--png", help=png)
+
+
+def planned_phase(args):
+    """``(config, plan, phase)`` of :func:`phase_arguments`' arguments; a
+    :class:`~wse.config.UsageError` for a ``--png`` not ending in .png or a phase the plan lacks."""
+    import torch
+
+    from wse.config import FabricConfig, UsageError
+    from wse.host.compiler import trace
+    from wse.host.compiler.weight_streaming import plan
+    if args.png and not args.png.endswith(".png"):
+        raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
+    torch.manual_seed(0)
+    config = FabricConfig(width=args.mesh[0], height=args.mesh[1])
+    the_plan = plan(trace(_model(args.sizes), torch.randn(2, args.sizes[0])), config, args.batch)
+    if args.phase not in the_plan.phases:
+        raise UsageError(f"--phase: no phase {args.phase!r}; expected one of {', '.join(the_plan.phases)}")
+    return config, the_plan, the_plan.phases[args.phase]
+
+
+@contextlib.contextmanager
+def figure(path: str, size: tuple[float, float]):
+    """A matplotlib figure and axes ``(fig, ax)`` of ``size`` inches for the block, written to ``path``
+    as a PNG after it, whole or not at all (:func:`wse.atomic.atomic_open`; a file-system error is a
+    one-line :class:`~wse.config.UsageError`)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from wse.atomic import atomic_open, file_error
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield fig, ax
+        fig.tight_layout()
+        try:
+            with atomic_open(path, "wb") as fh:
+                fig.savefig(fh, format="png", dpi=120)
+        except OSError as exc:
+            raise file_error(exc, "write", path) from None
+    finally:
+        plt.close(fig)
+
+
 def _timed(fn):
     """``(result, wall seconds, CPU seconds)`` of ``fn()``."""
     wall, cpu = time.perf_counter(), time.process_time()

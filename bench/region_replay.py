@@ -53,50 +53,31 @@ def _replay(network, inputs, region: bool, trace_rows: int):
 
 
 def _picture(path: str, trace: np.ndarray, cells: int, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.plot(trace[:, 0], trace[:, 1], lw=0.6, label="PEs stepped (two hops around the deviant ones)")
-    ax.plot(trace[:, 0], trace[:, 2], lw=0.6, label="deviant PEs")
-    ax.axhline(cells, color="grey", ls="--", lw=0.8, label=f"the mesh: {cells:,} PEs (the full replay)")
-    ax.set_yscale("log")
-    ax.set_xlabel("cycle")
-    ax.set_ylabel("PEs a cycle")
-    ax.set_title(title)
-    ax.legend(loc="center right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from compile_speed import figure
+    with figure(path, (9, 4)) as (_, ax):
+        ax.plot(trace[:, 0], trace[:, 1], lw=0.6, label="PEs stepped (two hops around the deviant ones)")
+        ax.plot(trace[:, 0], trace[:, 2], lw=0.6, label="deviant PEs")
+        ax.axhline(cells, color="grey", ls="--", lw=0.8, label=f"the mesh: {cells:,} PEs (the full replay)")
+        ax.set_yscale("log")
+        ax.set_xlabel("cycle")
+        ax.set_ylabel("PEs a cycle")
+        ax.set_title(title)
+        ax.legend(loc="center right", fontsize=8)
 
 
 def main(argv=None) -> int:
+    from compile_speed import phase_arguments, planned_phase
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mesh", nargs=2, type=int, default=[128, 128], metavar=("W", "H"))
-    parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 4096, 4096, 10])
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--phase", default="fwd 0")
+    phase_arguments(parser, (128, 128), 1024, "draw the stepped PEs a cycle into this PNG file")
     parser.add_argument("--any-mesh", action="store_true", help="try meshes under the region replay's size rule")
-    parser.add_argument("--png", help="draw the stepped PEs a cycle into this PNG file")
     args = parser.parse_args(argv)
-    import torch
-
-    from compile_speed import _model
-    from wse.config import FabricConfig, UsageError
-    from wse.host.compiler import cycles, replay_region, trace
-    from wse.host.compiler.weight_streaming import plan
+    from wse.config import UsageError
+    from wse.host.compiler import cycles, replay_region
     if args.batch < 1:
         raise UsageError(f"--batch: {args.batch}; expected an integer of at least 1")
-    if args.png and not args.png.endswith(".png"):
-        raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
-    torch.manual_seed(0)
-    config = FabricConfig(width=args.mesh[0], height=args.mesh[1])
-    the_plan = plan(trace(_model(args.sizes), torch.randn(2, args.sizes[0])), config, args.batch)
-    if args.phase not in the_plan.phases:
-        raise UsageError(f"--phase: no phase {args.phase!r}; expected one of {', '.join(the_plan.phases)}")
+    config, the_plan, phase = planned_phase(args)
     if args.any_mesh:
         replay_region.MIN_CELLS = 1
-    phase = the_plan.phases[args.phase]
     ops, starts, ends = cycles.phase_ops(the_plan, phase)
     inputs = (cycles.closing_cycles(ops, starts, ends)[0], starts, ends, cycles.phase_injections(phase))
     network = cycles.Network(config, the_plan.routes)

@@ -66,50 +66,31 @@ def summary(paces: np.ndarray, every: int) -> dict:
 
 
 def _picture(path: str, paces: np.ndarray, every: int, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    image = ax.imshow(paces.T, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis",
-                      extent=(0, paces.shape[0] * every, 0, paces.shape[1]))
-    fig.colorbar(image, ax=ax, label="op rows a cycle (row's first PE)")
-    ax.set_xlabel("cycle")
-    ax.set_ylabel("row")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from compile_speed import figure
+    with figure(path, (9, 4.5)) as (fig, ax):
+        image = ax.imshow(paces.T, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis",
+                          extent=(0, paces.shape[0] * every, 0, paces.shape[1]))
+        fig.colorbar(image, ax=ax, label="op rows a cycle (row's first PE)")
+        ax.set_xlabel("cycle")
+        ax.set_ylabel("row")
+        ax.set_title(title, fontsize=10)
 
 
 def main(argv=None) -> int:
+    from compile_speed import phase_arguments, planned_phase
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mesh", nargs=2, type=int, default=[16, 994], metavar=("W", "H"))
-    parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 4096, 4096, 10])
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--phase", default="fwd 0")
+    phase_arguments(parser, (16, 994), 128, "draw every row's pace per stride into this PNG file")
     parser.add_argument("--every", type=int, default=1000, help="cycles a stride")
     parser.add_argument("--until", type=int, default=None, help="stop after this many cycles (default: the end)")
-    parser.add_argument("--png", help="draw every row's pace per stride into this PNG file")
     args = parser.parse_args(argv)
-    from wse.config import FabricConfig, UsageError
+    from wse.config import UsageError
     bad = [f"--{k} {v}" for k, v in (("batch", args.batch), ("every", args.every), ("until", args.until))
            if v is not None and v < 1]
     if bad or min(args.mesh) < 1 or min(args.sizes) < 1 or len(args.sizes) < 2:
         raise UsageError(f"{', '.join(bad) or 'the mesh and sizes'}: expected positive integers "
                          "(--mesh W H, --sizes of two or more)")
-    if args.png and not args.png.endswith(".png"):
-        raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
-    import torch
-
-    from compile_speed import _model
-    from wse.host.compiler import cycles, trace
-    from wse.host.compiler.weight_streaming import plan
-    torch.manual_seed(0)
-    config = FabricConfig(width=args.mesh[0], height=args.mesh[1])
-    the_plan = plan(trace(_model(args.sizes), torch.randn(2, args.sizes[0])), config, args.batch)
-    if args.phase not in the_plan.phases:
-        raise UsageError(f"--phase: no phase {args.phase!r}; expected one of {', '.join(the_plan.phases)}")
-    phase = the_plan.phases[args.phase]
+    from wse.host.compiler import cycles
+    config, the_plan, phase = planned_phase(args)
     ops, starts, ends = cycles.phase_ops(the_plan, phase)
     network = cycles.Network(config, the_plan.routes)
     paces, count = row_paces(network, ops, starts, ends, cycles.phase_injections(phase), args.every, args.until)

@@ -1,6 +1,6 @@
 """``bench/row_pace.py``: run in strides, the phase ends at the cycle model's count, each row's
-pace adds up to its op rows, rows with a feature more are the slow ones; bad input is one line,
-exit code 2."""
+pace adds up to its op rows, rows with a feature more are the slow ones; bad input (a picture that
+cannot be written too) is one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -52,8 +52,12 @@ def test_a_stride_limit_stops_early():
     assert count is None and paces.shape == (3, 4)
 
 
-def test_bad_arguments_are_one_line_exit_2():
-    for args, shown in ((["--every", "0"], "--every 0"), (["--png", "x.jpg"], "--png")):
+def test_bad_arguments_are_one_line_exit_2(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    tiny = ["--mesh", "2", "4", "--sizes", "8", "36", "3", "--batch", "4", "--every", "50"]
+    for args, shown in ((["--every", "0"], "--every 0"), (["--png", "x.jpg"], "--png"),
+                        ([*tiny, "--png", str(blocked / "pace.png")], f"cannot write {str(blocked / 'pace.png')!r}")):
         run = subprocess.run([sys.executable, str(BENCH / "row_pace.py"), *args], capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 2 and run.stdout == "" and run.stderr.startswith(f"row_pace.py: {shown}")
