@@ -68,16 +68,12 @@ def _column_period(ops, starts, ends, width: int, height: int):
 def step_phase(network, ops, starts, ends, inject, max_shift: int = 64) -> dict:
     """Step the reference replay of one phase a cycle at a time; the record described above."""
     from wse.config import Port
-    from wse.host.compiler.replay import (_CONFLICTS, _FINISHED, _OUT_OF_TIME, _T, _LAST, _edge_ports, _new_scalars,
-                                          _new_state, _run)
+    from wse.host.compiler.replay import _CONFLICTS, _FINISHED, _OUT_OF_TIME, _T, _LAST, _run
+    from wse.host.compiler.replay_state import fresh_run
     cfg = network.config
     width, height = cfg.width, cfg.height
-    routes = network.routes()
-    ports = _edge_ports(network, inject)
+    routes, ports, ops32, queues, cores, events, scalars = fresh_run(network, ops, starts, inject)
     starts = np.asarray(starts, dtype=np.int64)
-    ops32 = np.ascontiguousarray(ops, dtype=np.int32)
-    queues, cores, events = _new_state(routes, ports, starts)
-    scalars = _new_scalars(starts, ports, -1)
     rng = np.random.default_rng(0)
     size = _features(queues, cores, events, starts, 0).shape[1] * height
     weights = [rng.integers(1, 2**63, size, dtype=np.uint64) | np.uint64(1) for _ in range(2)]

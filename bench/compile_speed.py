@@ -98,12 +98,18 @@ def phase_arguments(parser, mesh, batch: int, png: str) -> None:
 
 def planned_phase(args):
     """``(config, plan, phase)`` of :func:`phase_arguments`' arguments; a
-    :class:`~wse.config.UsageError` for a ``--png`` not ending in .png or a phase the plan lacks."""
+    :class:`~wse.config.UsageError` for a mesh, sizes or batch that are not positive, a ``--png``
+    not ending in .png or a phase the plan lacks."""
     import torch
 
     from wse.config import FabricConfig, UsageError
     from wse.host.compiler import trace
     from wse.host.compiler.weight_streaming import plan
+    bad = ([f"--mesh {args.mesh[0]} {args.mesh[1]}"] if min(args.mesh) < 1 else []) + \
+        ([f"--sizes {' '.join(map(str, args.sizes))}"] if len(args.sizes) < 2 or min(args.sizes) < 1 else []) + \
+        ([f"--batch {args.batch}"] if args.batch < 1 else [])
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: expected positive integers (--mesh W H, --sizes of two or more)")
     if args.png and not args.png.endswith(".png"):
         raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
     torch.manual_seed(0)

@@ -71,10 +71,7 @@ def main(argv=None) -> int:
     phase_arguments(parser, (128, 128), 1024, "draw the stepped PEs a cycle into this PNG file")
     parser.add_argument("--any-mesh", action="store_true", help="try meshes under the region replay's size rule")
     args = parser.parse_args(argv)
-    from wse.config import UsageError
     from wse.host.compiler import cycles, replay_region
-    if args.batch < 1:
-        raise UsageError(f"--batch: {args.batch}; expected an integer of at least 1")
     config, the_plan, phase = planned_phase(args)
     if args.any_mesh:
         replay_region.MIN_CELLS = 1

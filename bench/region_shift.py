@@ -109,16 +109,12 @@ def step(network, ops, starts, inject, cycles_limit: int):
     Returns the stepped cycles ``times``, the state numbers ``[len(times), PEs]``, per-router
     conflicts as ``(t, router, count)`` rows, the total conflicts, the phase's cycles (``None``
     when stopped early) and the CPU seconds."""
-    from wse.host.compiler.replay import (_CONFLICTS, _FINISHED, _LAST, _OUT_OF_TIME, _T, _WRITE, _edge_ports,
-                                          _new_scalars, _new_state, _packed, _run)
+    from wse.host.compiler.replay import _CONFLICTS, _FINISHED, _LAST, _OUT_OF_TIME, _T, _WRITE, _packed, _run
     from wse.host.compiler.replay_columns import _features
-    routes = network.routes()
+    from wse.host.compiler.replay_state import fresh_run
+    routes, ports, ops32, queues, cores, events, scalars = fresh_run(network, ops, starts, inject)
     rows, index = _packed(routes)
-    ports = _edge_ports(network, inject)
     starts = np.asarray(starts, dtype=np.int64)
-    ops32 = np.ascontiguousarray(ops, dtype=np.int32)
-    queues, cores, events = _new_state(routes, ports, starts)
-    scalars = _new_scalars(starts, ports, -1)
     pes, colors = queues.rx.shape
     rng = np.random.default_rng(0)
     weights = None

@@ -7,12 +7,12 @@ moved on in the stride (a row's PEs move together: the row's weight multicast ti
 A row's *pace* in a stride is that count over the stride's cycles. The line gives the
 phase's cycles (when the strides reach its end), the strides, the slowest pace (the median of
 the slowest tenth of the rows over the middle stride) and, every tenth stride, how many rows
-moved within 10% of it (a stride counts whole op rows) (``rows_at_slow_pace``): with 4096 features on 994 rows, rows 0 to 119
-hold five features and set that pace, and the count grows stride by stride as the boundary
+moved within 10% of it (``rows_at_slow_pace``; a stride counts whole op rows): with 4096
+features on 994 rows, rows 0 to 119 hold five features and set that pace, and the count grows stride by stride as the boundary
 between the two paces moves down the column ring; with a width that gives every row the
 same features, every row is at it within a few strides.
 
-    .venv/bin/python bench/row_pace.py --png docs/img/row_pace.png          # 16x994, fwd 0: about a minute
+    .venv/bin/python bench/row_pace.py --png docs/img/row_pace.png          # 16x994, fwd 0: about 3 minutes
     .venv/bin/python bench/row_pace.py --sizes 3976 3976 3976 10             # every row four features
 """
 
@@ -31,15 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def row_paces(network, ops, starts, ends, inject, every: int, until: int | None):
     """``(paces [strides, rows], cycles or None)``: op rows a cycle of each row's first PE per stride of
     ``every`` cycles, up to the phase's end or ``until`` cycles; its cycles if the run finished."""
-    from wse.host.compiler.replay import _FINISHED, _LAST, _OUT_OF_TIME, _edge_ports, _new_scalars, _new_state, _run
+    from wse.host.compiler.replay import _FINISHED, _LAST, _OUT_OF_TIME, _run
+    from wse.host.compiler.replay_state import fresh_run
 
     width, height = network.config.width, network.config.height
-    routes = network.routes()
-    ports = _edge_ports(network, inject)
-    starts = starts.astype(np.int64)
-    queues, cores, events = _new_state(routes, ports, starts)
-    scalars = _new_scalars(starts, ports, -1)
-    ops = np.ascontiguousarray(ops, dtype=np.int32)
+    routes, ports, ops, queues, cores, events, scalars = fresh_run(network, ops, starts, inject)
     first = np.arange(height) * width
     seen, paces, t = cores.pc[first].copy(), [], 0
     while until is None or t < until:
@@ -84,11 +80,9 @@ def main(argv=None) -> int:
     parser.add_argument("--until", type=int, default=None, help="stop after this many cycles (default: the end)")
     args = parser.parse_args(argv)
     from wse.config import UsageError
-    bad = [f"--{k} {v}" for k, v in (("batch", args.batch), ("every", args.every), ("until", args.until))
-           if v is not None and v < 1]
-    if bad or min(args.mesh) < 1 or min(args.sizes) < 1 or len(args.sizes) < 2:
-        raise UsageError(f"{', '.join(bad) or 'the mesh and sizes'}: expected positive integers "
-                         "(--mesh W H, --sizes of two or more)")
+    bad = [f"--{k} {v}" for k, v in (("every", args.every), ("until", args.until)) if v is not None and v < 1]
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: expected a positive number of cycles")
     from wse.host.compiler import cycles
     config, the_plan, phase = planned_phase(args)
     ops, starts, ends = cycles.phase_ops(the_plan, phase)

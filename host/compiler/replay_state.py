@@ -164,6 +164,18 @@ _BROKEN = -3
 _SOURCE, _COPY, _WEST_FED, _CHECKED = 1, 2, 4, 8
 
 
+def fresh_run(network: Network, ops: np.ndarray, starts: np.ndarray, inject: dict):
+    """A run's inputs and fresh state for stepping the reference replay (``replay._run``) from cycle 0
+    (the measurement scripts in ``bench/``): ``(routes, ports, ops, queues, cores, events, scalars)``,
+    the op rows as the replay's int32, no PE watched."""
+    routes = network.routes()
+    ports = _edge_ports(network, inject)
+    starts = np.asarray(starts, dtype=np.int64)
+    queues, cores, events = _new_state(routes, ports, starts)
+    return (routes, ports, np.ascontiguousarray(ops, dtype=np.int32), queues, cores, events,
+            _new_scalars(starts, ports, -1))
+
+
 class ColumnProbe(NamedTuple):
     """What a reduced replay of the first columns of a mesh checks at every cycle
     (:mod:`.replay_columns`), in the reference engine.
