@@ -28,7 +28,11 @@ run that fills it and a warm one that reads it (the in-process memo emptied befo
 counts agree and ``cycle_cache_entries`` how many replays were stored. With ``--regions`` the cycle
 model also runs without the region replay (``wse.host.compiler.replay_region``; the same plan, in the same
 process): ``regions_speedup_cpu`` is its CPU time over the default's (``same_cycles_without_regions``).
-``max_rss_gb`` is the process's peak memory so far.
+With ``--cyclic`` the cycle model also runs on the case planned with every activation's features
+cyclic (``weight_streaming.SPREAD`` off: rows ``0 .. E-1`` hold a partial last round's ``E`` features,
+as before the spread layout of ``docs/weight_streaming.md`` section 3): ``cyclic_speedup_cpu`` is its
+CPU time over the spread plan's, ``cyclic_step_cycles`` its step's cycles (the fabric time the
+spread layout costs or saves). ``max_rss_gb`` is the process's peak memory so far.
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
@@ -37,6 +41,7 @@ process): ``regions_speedup_cpu`` is its CPU time over the default's (``same_cyc
     .venv/bin/python bench/compile_speed.py --cases wafer --cycles-only
     .venv/bin/python bench/compile_speed.py --warm
     .venv/bin/python bench/compile_speed.py --cases mlp2048 mlp4096 --cycles-only --regions
+    .venv/bin/python bench/compile_speed.py --cases wafer_rows --cycles-only --cyclic
 
 Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
 (1024-1024-1024-10, 32x32, batch 256), ``mlp2048`` (2048-2048-2048-10,
@@ -88,11 +93,13 @@ def _model(sizes):
 
 def phase_arguments(parser, mesh, batch: int, png: str) -> None:
     """The arguments of a one-phase measurement (``bench/region_replay.py``, ``bench/row_pace.py``):
-    ``--mesh``, ``--sizes``, ``--batch``, ``--phase`` and ``--png`` (``png``: what it draws)."""
+    ``--mesh``, ``--sizes``, ``--batch``, ``--phase``, ``--layout`` and ``--png`` (``png``: what it draws)."""
     parser.add_argument("--mesh", nargs=2, type=int, default=list(mesh), metavar=("W", "H"))
     parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 4096, 4096, 10])
     parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--phase", default="fwd 0")
+    parser.add_argument("--layout", choices=("spread", "cyclic"), default="spread",
+                        help="a partial last round of features spread over the ring (default) or cyclic")
     parser.add_argument("--png", help=png)
 
 
@@ -103,7 +110,7 @@ def planned_phase(args):
     import torch
 
     from wse.config import FabricConfig, UsageError
-    from wse.host.compiler import trace
+    from wse.host.compiler import trace, weight_streaming
     from wse.host.compiler.weight_streaming import plan
     bad = ([f"--mesh {args.mesh[0]} {args.mesh[1]}"] if min(args.mesh) < 1 else []) + \
         ([f"--sizes {' '.join(map(str, args.sizes))}"] if len(args.sizes) < 2 or min(args.sizes) < 1 else []) + \
@@ -114,7 +121,8 @@ def planned_phase(args):
         raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
     torch.manual_seed(0)
     config = FabricConfig(width=args.mesh[0], height=args.mesh[1])
-    the_plan = plan(trace(_model(args.sizes), torch.randn(2, args.sizes[0])), config, args.batch)
+    with _settings((weight_streaming, "SPREAD", getattr(args, "layout", "spread") == "spread")):
+        the_plan = plan(trace(_model(args.sizes), torch.randn(2, args.sizes[0])), config, args.batch)
     if args.phase not in the_plan.phases:
         raise UsageError(f"--phase: no phase {args.phase!r}; expected one of {', '.join(the_plan.phases)}")
     return config, the_plan, the_plan.phases[args.phase]
@@ -212,7 +220,7 @@ def _warm_cycle_model(the_plan, record: dict) -> dict[str, int]:
 
 
 def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False, columns: bool = False,
-             warm: bool = False, progress: bool = False, regions: bool = False) -> dict:
+             warm: bool = False, progress: bool = False, regions: bool = False, cyclic: bool = False) -> dict:
     """Compile one case stage by stage (the cycle cache off; with ``warm`` the cycle model also
     against a fresh cache, cold then warm: :func:`_warm_cycle_model`); the JSON record."""
     import torch
@@ -220,7 +228,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
     from wse.config import FabricConfig
     from wse.firmware.training import training_program
     from wse.host.compiler import trace
-    from wse.host.compiler import codegen, cycles
+    from wse.host.compiler import codegen, cycles, weight_streaming
     from wse.host.compiler.weight_streaming import plan
 
     sizes, (width, height), batch = CASES[name]
@@ -272,6 +280,16 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
     if regions:      # the cycle model without the region replay (wse.host.compiler.replay_region)
         from wse.host.compiler import replay_region
         _without("regions", the_plan, [(replay_region, "REGION", False)], counts, cycle_cpu, record)
+    if cyclic:       # the same case planned cyclic (no spread last rounds)
+        cycles.MEMO = cycles.ReplayMemo()
+        with _settings((weight_streaming, "SPREAD", False)):
+            cyclic_plan = plan(graph, config, batch)
+        cyclic_counts, wall, cpu = _timed(lambda: cycles.phase_cycles(cyclic_plan, progress=progress))
+        record["cyclic_cycle_model_cpu_s"] = round(cpu, 3)
+        record["cyclic_cycle_model_s"] = round(wall, 3)
+        record["cyclic_speedup_cpu"] = round(cpu / cycle_cpu, 2)
+        record["cyclic_step_cycles"] = int(sum(cyclic_counts[n] for n in cyclic_plan.phases))
+        record["cyclic_phase_cycles"] = cyclic_counts
     if baseline:
         t = time.perf_counter()
         full = cycles.phase_cycles(the_plan, training_program(config), periods=False, progress=False,
@@ -319,6 +337,8 @@ def main(argv=None) -> int:
                         help="also run the cycle model cold then warm against a fresh cycle cache")
     parser.add_argument("--regions", action="store_true",
                         help="also time the cycle model without the region replay (same process, same plan)")
+    parser.add_argument("--cyclic", action="store_true",
+                        help="also time the cycle model of the case planned cyclic (no spread last rounds)")
     parser.add_argument("--progress", action="store_true",
                         help="report the cycle model's phases on stderr as they finish (long runs)")
     args = parser.parse_args(argv)
@@ -327,7 +347,7 @@ def main(argv=None) -> int:
         _warm_up()
         for name in args.cases:
             records.append(run_case(name, args.baseline, args.cycles_only, args.engines, args.columns, args.warm,
-                                    args.progress, args.regions))
+                                    args.progress, args.regions, args.cyclic))
             print(json.dumps(records[-1]), flush=True)
     if len(records) > 1:       # growth: CPU seconds per PE-layer against the first case and the previous one
         first = records[0]["cpu_s_per_million_pe_layers"]

@@ -39,7 +39,7 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     # The streamed GEMM (section "Streamed GEMM" of docs/weight_streaming.md).
     "sgemm": (("k", "word"), ("t", "word"), ("rounds", "word"), ("h", "word"), ("o_last", "word"),
               ("e0", "word"), ("acc", DSD), ("zero", DSD), ("x0", DSD), ("x1", DSD), ("w", DSD),
-              ("out", DSD), ("inp", DSD), ("y", DSD)),
+              ("out", DSD), ("inp", DSD), ("y", DSD), ("e_step", "word")),
     "relu": (("data", DSD),),
     "transpose": (("k", "word"), ("t", "word"), ("dst", DSD), ("src", DSD)),
     "mask": (("act", DSD), ("grad", DSD), ("tmp", DSD)),

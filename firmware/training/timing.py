@@ -84,7 +84,7 @@ def _repeat(ops: OpRows, rounds: int, body) -> None:
 
 def _sgemm(ops: OpRows, f: dict) -> None:
     # T: the vectors' length (a token pass's tokens); the field t is only y's slot stride
-    K, T, H, rounds, o_last, e = f["k"], f["y"][2], f["h"], f["rounds"], f["o_last"], f["e0"]
+    K, T, H, rounds, o_last, e, e_step = f["k"], f["y"][2], f["h"], f["rounds"], f["o_last"], f["e0"], f["e_step"]
     w = _color(f["w"])
     n_w = _fmacw_n(f["acc"][2], f["x1"][2])
     c_out, c_in = _color(f["out"]), _color(f["inp"])
@@ -147,7 +147,7 @@ def _sgemm(ops: OpRows, f: dict) -> None:
     ops.busy(3)                                           # ld r9, beq
     if not o_last:
         return
-    ops.busy(3)                                           # ld r12, li r13
+    ops.busy(5)                                           # ld r12, ld r11 (2 each), li r13
     for p in range(H):
         ops.busy(1)                                       # bge e, o_last
         if e < o_last:
@@ -165,8 +165,8 @@ def _sgemm(ops: OpRows, f: dict) -> None:
                 else:
                     middle(ops)
                     ops.busy(1)                           # jmp
-        ops.busy(2)                                       # addi, bge
-        e -= 1
+        ops.busy(2)                                       # sub, bge
+        e -= e_step
         if e < 0:
             e += H
             ops.busy(2)                                   # add, addi

@@ -113,8 +113,8 @@ mask:
 ; on (sends in + acc), p = H-1 ends (stores in + acc into y, its next output
 ; slot). The host streams, per step, the K weights of the step's output and,
 ; at p = 0 only, one control wavelet carrying the bias.
-;   r3 T, r4 K, r7 first weight, r8 bias, r9 rounds, r10 pairs, r11 H-2,
-;   r12 e, r13 p, r14 H-1
+;   r3 T, r4 K, r7 first weight, r8 bias, r9 rounds (o_last in the last
+;   round), r10 pairs, r11 H-2 (e_step in the last round), r12 e, r13 p, r14 H-1
 sgemm:
         ld      r3, SG_T(r15)
         ld      r4, SG_K(r15)
@@ -183,11 +183,17 @@ sgz_end:
         addb    d7, r3
         addi    r9, r9, -1
         bne     r9, r0, sgz_round
-; The last round, where only the steps of outputs below o_last exist.
+; The last round, where only the steps of the o_last outputs it holds exist.
+; A step is live when its counter e is below o_last; e starts at e0 and each
+; step subtracts e_step (mod H): with e_step = 1, e is the step's home row and
+; the live homes are rows 0 .. o_last-1 (contiguous); with e_step = H - o_last,
+; e = -home * o_last mod H and the live homes are rows floor(j*H/o_last)
+; (spread over the ring, docs/weight_streaming.md section 3).
 sg_partial:
         ld      r9, SG_O_LAST(r15)
         beq     r9, r0, op_done
         ld      r12, SG_E0(r15)
+        ld      r11, SG_E_STEP(r15)
         li      r13, 0
 sgp_step:
         bge     r12, r9, sgp_next
@@ -207,7 +213,7 @@ sgp_start:
 sgp_end:
         fadd    d7, d6, d0
 sgp_next:
-        addi    r12, r12, -1
+        sub     r12, r12, r11
         bge     r12, r0, sgp_wrapped
         add     r12, r12, r14
         addi    r12, r12, 1

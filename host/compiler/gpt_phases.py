@@ -307,13 +307,14 @@ def linear_executable(config: FabricConfig, tokens: int, k: int, o: int, bias: b
     :func:`~.gpt_tiles.token_major`), with the static cycle model's counts. The one-feature
     layers around it (``l1``: ``1 -> k``, ``l3``: ``o -> 1``, a one-class loss) only make ``l2`` a
     middle layer, so that its input gradient is computed and no loss buffers over ``o`` classes
-    take its memory. As a middle layer of an MLP, ``fwd l2`` would end with its output's
+    take its memory. Its features stay cyclic (``spread=False``), as the GPT's other kernels hold
+    them. As a middle layer of an MLP, ``fwd l2`` would end with its output's
     token-major copy (the next layer's weight gradient reads it); no phase of a GPT reads that
     copy, so its records are left out of ``fwd l2``."""
     graph = Graph([Input((1,)), Linear(1, k, True, "l1.weight", "l1.bias"),
                    Linear(k, o, bias, GEMM_GRAPH_WEIGHT, GEMM_GRAPH_BIAS if bias else None),
                    Linear(o, 1, False, "l3.weight"), SoftmaxCrossEntropy(1)], name=f"linear{k}x{o}")
-    planned = ws.plan(graph, config, tokens)
+    planned = ws.plan(graph, config, tokens, spread=False)      # the GPT's kernels: feature k on row k mod H
     _drop_output_copy(planned)
     return codegen.generate(planned, cycles=cycles, progress=False)
 

@@ -8,7 +8,8 @@ else a mode records stays in its own class. :data:`LAYOUTS` maps a mode name
 to its class, which :meth:`Layout.for_mode` finds when an executable loads.
 
 * :class:`WeightStreamingLayout` (``weight_streaming``): tokens dealt to the
-  mesh columns in contiguous blocks, features dealt to rows cyclically.
+  mesh columns in contiguous blocks, features dealt to rows cyclically, a
+  partial last round spread over the ring (:func:`feature_slots`).
 * :class:`PipelinedLayout` (``pipelined``): every Linear layer on its own
   region of PEs, weights resident (``docs/layer_pipelined.md``); a
   *resident* layout (:attr:`Layout.resident`): the parameters and optimizer
@@ -19,12 +20,60 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
+import re
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
+import numpy as np
+
 from wse.config import UsageError
 
-__all__ = ["Layout", "WSLayer", "WeightStreamingLayout", "PipelinedLayout", "LAYOUTS", "register_layout"]
+__all__ = ["Layout", "WSLayer", "WeightStreamingLayout", "PipelinedLayout", "LAYOUTS", "register_layout",
+           "spreads", "feature_slots", "last_round_counter"]
+
+
+def spreads(n: int, height: int, spread: bool) -> bool:
+    """Whether ``n`` features on ``height`` rows have their partial last round spread over the ring:
+    with ``spread``, more features than rows and a round left partial (``n mod height != 0``)."""
+    return bool(spread) and n > height and n % height != 0
+
+
+@functools.lru_cache(maxsize=256)
+def _slots(n: int, height: int, spread: bool) -> np.ndarray:
+    slots = np.arange(n, dtype=np.int64)
+    if spreads(n, height, spread):
+        full, last = divmod(n, height)
+        slots[full * height:] = full * height + (np.arange(last, dtype=np.int64) * height) // last
+    slots.setflags(write=False)
+    return slots
+
+
+def feature_slots(n: int, height: int, spread: bool) -> np.ndarray:
+    """The slot of each of ``n`` features dealt to ``height`` rows (read-only ``int64 [n]``):
+    feature ``k`` lives on row ``slot mod height`` at local index ``slot div height``.
+
+    Cyclic (``docs/weight_streaming.md`` section 3): slot ``k``, so rows ``0 .. E-1`` hold the
+    ``E = n mod H`` features of the partial last round. Spread (:func:`spreads`): the ``R*H``
+    features of the full rounds keep slot ``k``; the last round's ``j``-th feature takes slot
+    ``R*H + floor(j*H/E)``, so the rows holding one feature more are spaced evenly around the
+    ring. Slots increase with ``k`` either way, so a row's features keep ascending order."""
+    return _slots(int(n), int(height), bool(spread))
+
+
+def last_round_counter(row: int, height: int, n: int, spread: bool) -> tuple[int, int]:
+    """``(e0, e_step)`` of the streamed GEMM's last round on ``row`` for ``n`` outputs (the
+    ``sgemm`` record's fields): its step ``p`` serves the output homed on row
+    ``h = (row - 1 - p) mod H`` and is live when its counter ``e`` (``e0`` at ``p = 0``, then
+    less ``e_step`` mod ``H`` per step) is below ``E = n mod H``. Cyclic: ``e = h``, ``e_step = 1``.
+    Spread: ``e = -h*E mod H``, ``e_step = H - E``; ``e < E`` holds exactly when some ``j`` has
+    ``h = floor(j*H/E)`` (there is an integer ``j`` in ``[h*E/H, (h+1)*E/H)``, namely
+    ``ceil(h*E/H) = (h*E + e)/H``), the rows of :func:`feature_slots`."""
+    home = (row - 1) % height
+    if not spreads(n, height, spread):
+        return home, 1
+    last = n % height
+    return (-home * last) % height, height - last
 
 
 class Layout(abc.ABC):
@@ -57,6 +106,11 @@ class Layout(abc.ABC):
     @abc.abstractmethod
     def feature_rows(self) -> int:
         """Rows a tensor's features are dealt to; the order of a GEMM's partial sums depends on it."""
+
+    def slots(self, tensor: str, n: int) -> np.ndarray:
+        """:func:`feature_slots` of tensor ``tensor``'s ``n`` features on :attr:`feature_rows` rows:
+        cyclic, unless the mode spreads a partial last round (its override)."""
+        return feature_slots(n, self.feature_rows, False)
 
     @abc.abstractmethod
     def token_blocks(self) -> list[range]:
@@ -126,7 +180,7 @@ class WeightStreamingLayout(Layout):
         Whether a ReLU is applied to the model input.
     height:
         Mesh rows: the features of every activation are dealt to rows
-        cyclically, feature ``k`` to row ``k mod height``.
+        cyclically, feature ``k`` to row ``k mod height``, but see ``spread``.
     columns:
         Columns holding tokens (``min(width, batch)``).
     tokens, token_start:
@@ -134,6 +188,10 @@ class WeightStreamingLayout(Layout):
     reason:
         Why this mode was chosen (for the plan a person reads; an executable written before the field
         existed loads with none).
+    spread:
+        Whether the activations but the logits spread a partial last round over the ring
+        (:func:`feature_slots`, :meth:`slots`; an executable written before the field existed loads
+        with ``False``: every tensor cyclic).
     """
 
     mode: ClassVar[str] = "weight_streaming"
@@ -148,10 +206,23 @@ class WeightStreamingLayout(Layout):
     tokens: tuple[int, ...]
     token_start: tuple[int, ...]
     reason: str = ""
+    spread: bool = False
 
     @property
     def logits(self) -> str:
         return f"act{len(self.layers)}"
+
+    def spread_tensor(self, tensor: str) -> bool:
+        """Whether activation tensor ``tensor`` (``act{l}``, ``grad{l}`` or ``act{l}tm``) may spread its
+        last round: with :attr:`spread`, every one but the logits' and their gradient's."""
+        match = re.fullmatch(r"(?:act|grad)(\d+)(?:tm)?", tensor)
+        if match is None:
+            raise UsageError(f"tensor must be named act<l>, grad<l> or act<l>tm, not {tensor!r}")
+        return self.spread and int(match.group(1)) < len(self.layers)
+
+    def slots(self, tensor: str, n: int) -> np.ndarray:
+        """:func:`feature_slots` of tensor ``tensor``'s ``n`` features on this layout's rows."""
+        return feature_slots(n, self.height, self.spread_tensor(tensor))
 
     @property
     def feature_rows(self) -> int:
@@ -161,19 +232,21 @@ class WeightStreamingLayout(Layout):
         return [range(start, start + count) for start, count in zip(self.token_start, self.tokens)]
 
     def describe(self) -> list[str]:
+        rounds = "; a partial last round spread over the ring" if self.spread else ""
         lines = [f"tokens per column: {', '.join(str(t) for t in self.tokens)}; features dealt to rows cyclically"
-                 ] if self.tokens else []
+                 f"{rounds}"] if self.tokens else []
         return lines + ([f"  why: {self.reason}"] if self.reason else [])
 
     def to_dict(self) -> dict[str, Any]:
         return {"layers": [dataclasses.asdict(layer) for layer in self.layers], "relu_input": self.relu_input,
                 "height": self.height, "columns": self.columns, "tokens": list(self.tokens),
-                "token_start": list(self.token_start), "reason": self.reason}
+                "token_start": list(self.token_start), "reason": self.reason, "spread": self.spread}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "WeightStreamingLayout":
         return cls(tuple(WSLayer(**layer) for layer in data["layers"]), data["relu_input"], data["height"],
-                   data["columns"], tuple(data["tokens"]), tuple(data["token_start"]), data.get("reason", ""))
+                   data["columns"], tuple(data["tokens"]), tuple(data["token_start"]), data.get("reason", ""),
+                   bool(data.get("spread", False)))
 
 
 @dataclasses.dataclass(frozen=True)

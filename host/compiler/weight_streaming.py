@@ -5,7 +5,9 @@ stream in and gradients stream out.
 Layout (``docs/weight_streaming.md``): the batch's tokens are dealt over the
 mesh columns in contiguous blocks (:func:`~wse.firmware.kernels.common.block_partition`),
 ``T_j`` to column ``j``; the features of every activation are dealt to rows
-cyclically, feature ``k`` to row ``k mod H`` at local index ``k div H``. A PE
+cyclically, feature ``k`` to row ``k mod H`` at local index ``k div H``, except
+that with :data:`SPREAD` a partial last round (of every activation but the
+logits) is spread evenly over the ring (:func:`~.layouts.feature_slots`). A PE
 keeps its activations feature-major (``[local feature][token]``) and, for the
 weight gradients, a token-major copy. Weights never stay on the wafer. A
 column with more tokens than one message of the partial-sum ring carries runs
@@ -41,6 +43,13 @@ WRAP = 3
 EAST = (4, 5)
 #: Colors the mapping needs.
 COLORS_USED = 6
+
+#: Whether new plans spread a partial last round of features over the ring
+#: (:func:`~.layouts.feature_slots`; ``docs/weight_streaming.md`` section 3): the rows holding a
+#: feature more are then spaced evenly, which keeps the ring's rows at one pace and lets the static
+#: cycle model find its periods (section 9). ``False``: every activation cyclic, as executables
+#: written before the choice existed.
+SPREAD = True
 
 
 class FitError(UsageError):
@@ -108,6 +117,9 @@ class Plan:
     passes:
         Per column, the ``(offset, count)`` of each token pass of the streamed
         GEMMs (:func:`token_passes`; one pass when the ring carries every token).
+    spread:
+        Whether the activations but the logits spread a partial last round over the ring
+        (:data:`SPREAD` when planned).
     """
     config: FabricConfig
     batch: int
@@ -122,12 +134,13 @@ class Plan:
     routes: list
     transfers: dict
     passes: list = dataclasses.field(default_factory=list)
+    spread: bool = False
 
     def layout(self, reason: str = "") -> WeightStreamingLayout:
         """The executable's record of this mapping (``reason``: why the mode was chosen)."""
         return WeightStreamingLayout(tuple(self.layers), bool(self.relu_input), self.config.height, self.columns,
                                      tuple(len(block) for block in self.tokens),
-                                     tuple(block.start for block in self.tokens), reason)
+                                     tuple(block.start for block in self.tokens), reason, self.spread)
 
 
 def ring_colors(row: int, height: int) -> tuple[int, int]:
@@ -227,14 +240,16 @@ def token_passes(tokens: list, limit: int) -> list[list[tuple[int, int]]]:
     return out
 
 
-def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phases=()) -> Plan:
+def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phases=(), spread: bool | None = None) -> Plan:
     """Map ``graph`` for training with batches of ``batch`` samples on ``config``.
 
     ``masks`` (weight name to a boolean ``[O, K]`` array, :mod:`.sparse`) makes
     those layers' phases sparse: only the kept weights stream
     (``docs/weight_streaming.md`` section 13), except the phases named in
     ``dense_phases`` (such as ``"bwd-weight fc1"``), which stream the masked
-    layer densely.
+    layer densely. ``spread`` (None: :data:`SPREAD`) says whether a partial last round of features
+    spreads over the ring (``False``: every activation cyclic, as a caller whose other kernels
+    assume feature ``k`` on row ``k mod H`` needs).
 
     Raises
     ------
@@ -275,12 +290,13 @@ def plan(graph: Graph, config: FabricConfig, batch: int, masks=None, dense_phase
     _memory_map(mem, layers, H, tmax, max(n for col in passes for _, n in col),
                 reuse_input=layers[0].weight not in masks or f"bwd-weight {layers[0].name}" in dense_phases)
     _check_memory(mem, config, graph, batch, program)
+    spread = SPREAD if spread is None else bool(spread)
     ctx = ws_phases.Context(config, program, layers, relu_input, tokens, mem, H, columns, masks,
-                            frozenset(dense_phases), passes)
+                            frozenset(dense_phases), passes, spread)
     phases, sequences = ws_phases.build(ctx)
     _check_memory(mem, config, graph, batch, program)
     return Plan(config, batch, graph, layers, relu_input, columns, tokens, dict(mem.regions), phases, sequences,
-                _routes(config, columns), ws_phases.transfers(ctx), passes)
+                _routes(config, columns), ws_phases.transfers(ctx), passes, spread)
 
 
 def _memory_map(mem: _Memory, layers: list, H: int, tmax: int, tpass: int, reuse_input: bool) -> None:

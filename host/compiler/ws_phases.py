@@ -11,6 +11,7 @@ the token-major copy of ``act{l}``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -18,11 +19,26 @@ from wse.config import FabricConfig
 from wse.firmware.image import Program
 from wse.firmware.training import C_W, records as rec
 
+from .layouts import feature_slots, last_round_counter
 from .schedule import (Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, SparseSgemm, SparseSgemmTransposed,
                        SparseWeightGradient, StreamIn, StreamOut, WeightGradient)
-from .weight_streaming import EAST, PlannedPhase, WSLayer, _local, ring_colors
+from .weight_streaming import EAST, PlannedPhase, WSLayer, ring_colors
 
-__all__ = ["Context", "build", "transfers", "sgemm_steps"]
+__all__ = ["Context", "build", "transfers", "sgemm_steps", "row_features"]
+
+
+@functools.lru_cache(maxsize=256)
+def row_features(n: int, height: int, spread: bool) -> tuple[np.ndarray, ...]:
+    """Per row, the features of ``n`` that it holds in local order (ascending), under
+    :func:`~.layouts.feature_slots`: cyclic ``i, i+H, ...``; spread, the last round's on its rows."""
+    slots = feature_slots(n, height, spread)
+    rows = slots % height
+    order = np.argsort(rows, kind="stable")
+    bounds = np.cumsum(np.bincount(rows, minlength=height))[:-1]
+    out = tuple(np.split(order, bounds))
+    for part in out:
+        part.setflags(write=False)
+    return out
 
 
 @dataclasses.dataclass
@@ -39,6 +55,20 @@ class Context:
     masks: dict = dataclasses.field(default_factory=dict)
     dense_phases: frozenset = frozenset()
     passes: list = dataclasses.field(default_factory=list)
+    spread: bool = False
+
+    def spread_of(self, l: int) -> bool:
+        """Whether activation ``l`` (``act{l}``, ``grad{l}``; 0 the input) may spread its last round:
+        with :attr:`spread`, every one but the logits (:meth:`~.layouts.WeightStreamingLayout.spread_tensor`)."""
+        return self.spread and l < len(self.layers)
+
+    def rows(self, l: int, n: int) -> tuple[np.ndarray, ...]:
+        """:func:`row_features` of activation ``l``'s ``n`` features."""
+        return row_features(n, self.H, self.spread_of(l))
+
+    def local(self, l: int, n: int, i: int) -> int:
+        """Features of activation ``l``'s ``n`` that row ``i`` holds."""
+        return len(self.rows(l, n)[i])
 
     def sparse(self, layer: WSLayer, phase: str) -> np.ndarray | None:
         """The mask of ``layer`` if its phase ``phase`` (such as ``"fwd fc1"``) runs sparse, else None."""
@@ -70,18 +100,22 @@ def _share(j: int, *key) -> tuple:
     return key if SHARE else (j,) + key
 
 
-def sgemm_steps(row: int, height: int, outputs: int) -> tuple[np.ndarray, np.ndarray]:
+def sgemm_steps(row: int, height: int, outputs: int, spread: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(o, p)``: the outputs row ``row`` handles, in order, and its ring position for each.
 
-    Step ``p`` of round ``r`` handles output ``o = r*H + (row - 1 - p) mod H``
-    (steps with ``o >= outputs`` are skipped); the ring of ``o`` starts at
-    position 0 on row ``o mod H + 1`` and ends at position ``H - 1`` on row ``o mod H``.
+    Step ``p`` of round ``r`` handles the output in slot ``r*H + (row - 1 - p) mod H``
+    (:func:`~.layouts.feature_slots` of the outputs, ``spread`` as there; steps of a slot
+    without an output are skipped); the ring of an output homed on row ``e`` starts at
+    position 0 on row ``e + 1 mod H`` and ends at position ``H - 1`` on row ``e``.
     """
     rounds = -(-outputs // height)
     p = np.tile(np.arange(height), rounds)
     r = np.repeat(np.arange(rounds), height)
-    o = r * height + (row - 1 - p) % height
-    keep = o < outputs
+    slot = r * height + (row - 1 - p) % height
+    of_slot = np.full(rounds * height, -1, dtype=np.int64)
+    of_slot[feature_slots(outputs, height, spread)] = np.arange(outputs)
+    o = of_slot[slot]
+    keep = o >= 0
     return o[keep], p[keep]
 
 
@@ -98,6 +132,8 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
     ``sgemm`` record alone on ``x``."""
     H, cfg = ctx.H, ctx.config
     k_total, outputs = (layer.o, layer.k) if transposed else (layer.k, layer.o)
+    l_in, l_out = (layer.index + 1, layer.index) if transposed else (layer.index, layer.index + 1)
+    rows_in, spread_out = ctx.rows(l_in, k_total), ctx.spread_of(l_out)
     bias = layer.bias is not None and not transposed
     n_passes = len(ctx.token_passes(0))
     parts = [[[None] * cfg.width for _ in range(H)] for _ in range(2 * n_passes if n_passes > 1 else 1)]
@@ -106,9 +142,10 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
     minus_zero = n_pool + 1
     xa, ya, tmp = ctx.addr(x), ctx.addr(y), ctx.addr("tmp")
     for i in range(H):
-        k = _local(k_total, H, i)
+        k = len(rows_in[i])
         c_in, c_out = ring_colors(i, H)
         rounds, o_last = divmod(outputs, H)
+        e0, e_step = last_round_counter(i, H, outputs, spread_out)
         row_memo: dict = {}
         for j in range(cfg.width):
             T = ctx.T(j)
@@ -127,12 +164,12 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
                         k=1, t=t, dst=rec.dsd_mem(tmp, k, t), src=rec.dsd_mem(xa + off, k, T))) if k else None
                 acc = rec.dsd_mem(ctx.zero, t, 0) if k == 0 else rec.dsd_mem(ctx.addr("acc"), t)
                 parts[2 * q + 1 if n_passes > 1 else 0][i][j] = rec.encode("sgemm", dict(
-                    k=k, t=T, rounds=rounds, h=H, o_last=o_last, e0=(i - 1) % H, acc=acc,
+                    k=k, t=T, rounds=rounds, h=H, o_last=o_last, e0=e0, e_step=e_step, acc=acc,
                     zero=rec.dsd_mem(ctx.zero, t, 0), x0=rec.dsd_mem(xb, t),
                     x1=rec.dsd_mem(xb + t, max(k - 1, 0) * t), w=rec.dsd_fabin(C_W, max(k - 1, 0)),
                     out=rec.dsd_fabout(c_out, t), inp=rec.dsd_fabin(c_in, t), y=rec.dsd_mem(ya + off, t)))
-        o, p = sgemm_steps(i, H, outputs)
-        feats = np.arange(i, k_total, H)
+        o, p = sgemm_steps(i, H, outputs, spread_out)
+        feats = rows_in[i]
         if transposed:   # W[f, o] for the row's outputs f of the layer
             idx = feats[None, :] * layer.k + o[:, None]
         else:            # W[o, f]
@@ -214,14 +251,16 @@ def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x:
     T = ctx.T(0)
     bias = layer.bias is not None and not transposed
     grid = mask.T if transposed else mask                   # [outputs, contracted features]
+    l_in, l_out = (layer.index + 1, layer.index) if transposed else (layer.index, layer.index + 1)
+    rows_in, spread_out = ctx.rows(l_in, grid.shape[1]), ctx.spread_of(l_out)
     n_pool = layer.o * layer.k + (layer.o if layer.bias is not None else 0)
     xa = ctx.addr(x)
     slots, block = sparse_slots(ctx, T)
     records = [[None] * cfg.width for _ in range(H)]
     streams = []
     for i in range(H):
-        feats = np.arange(i, grid.shape[1], H)
-        o, p = sgemm_steps(i, H, grid.shape[0])
+        feats = rows_in[i]
+        o, p = sgemm_steps(i, H, grid.shape[0], spread_out)
         kinds = np.where(p == 0, rec.SPARSE_KINDS["first"],
                          np.where(p == H - 1, rec.SPARSE_KINDS["last"], rec.SPARSE_KINDS["mid"]))
         if H == 1:
@@ -271,29 +310,32 @@ def _per_pe(ctx: Context, make, key=lambda i, j, T: (i, T)) -> list:
     return [[one(i, j, ctx.T(j)) if ctx.T(j) else None for j in range(ctx.config.width)] for i in range(ctx.H)]
 
 
-def _relu(ctx: Context, region: str, features: int) -> list:
+def _relu(ctx: Context, l: int, features: int) -> list:
+    """``relu`` records of activation ``l`` (``act{l}``) in place."""
     return _per_pe(ctx, lambda i, j, T: rec.encode("relu", dict(
-        data=rec.dsd_mem(ctx.addr(region), _local(features, ctx.H, i) * T))))
+        data=rec.dsd_mem(ctx.addr(f"act{l}"), ctx.local(l, features, i) * T))))
 
 
-def _transpose(ctx: Context, src: str, dst: str, features: int) -> list:
+def _transpose(ctx: Context, l: int, features: int) -> list:
+    """``transpose`` records of activation ``l`` into its token-major copy ``act{l}tm``."""
     def make(i, j, T):
-        k = _local(features, ctx.H, i)
-        return rec.encode("transpose", dict(k=k, t=T, dst=rec.dsd_mem(ctx.addr(dst), k),
-                                            src=rec.dsd_mem(ctx.addr(src), k, T)))
+        k = ctx.local(l, features, i)
+        return rec.encode("transpose", dict(k=k, t=T, dst=rec.dsd_mem(ctx.addr(f"act{l}tm"), k),
+                                            src=rec.dsd_mem(ctx.addr(f"act{l}"), k, T)))
     return _per_pe(ctx, make)
 
 
-def _mask(ctx: Context, act: str, grad: str, features: int) -> list:
-    """``mask`` records of ``grad`` by ``act``: one over the PE's block, or (``tmp``
+def _mask(ctx: Context, l: int, features: int) -> list:
+    """``mask`` records of ``grad{l}`` by ``act{l}``: one over the PE's block, or (``tmp``
     sized for a token pass) one per chunk of the block that ``tmp`` holds."""
+    act, grad = f"act{l}", f"grad{l}"
     room = ctx.mem.regions["tmp"][1]
-    n_of = [_local(features, ctx.H, i) * ctx.T(0) for i in range(ctx.H)]
+    n_of = [ctx.local(l, features, i) * ctx.T(0) for i in range(ctx.H)]
     chunks = max(1, *(-(-n // room) for n in n_of))
 
     def chunk(c):
         def make(i, j, T):
-            n = _local(features, ctx.H, i) * T
+            n = ctx.local(l, features, i) * T
             lo, hi = c * room, min(n, (c + 1) * room)
             if c and lo >= hi:
                 return None
@@ -309,10 +351,11 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
     H, cfg = ctx.H, ctx.config
     bias = layer.bias is not None
     g = ctx.addr("g")
-    counts_of = [_local(layer.o, H, r) for r in range(H)]
+    rows_x, rows_dy = ctx.rows(l - 1, layer.k), ctx.rows(l, layer.o)
+    counts_of = [len(rows_dy[r]) for r in range(H)]
 
     def make(i, j, T):
-        kx = _local(layer.k, H, i)
+        kx = len(rows_x[i])
         c_in, c_out = ring_colors(i, H)
         xt = ctx.addr(f"act{l - 1}tm")
         ein = rec.dsd_fabin(EAST[j % 2]) if j else rec.dsd_mem(ctx.zero, 0, 0)
@@ -328,11 +371,11 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
     streams = []
     n_weight = layer.o * layer.k
     for i in range(H):
-        feats = np.arange(i, layer.k, H)
+        feats = rows_x[i]
         parts = []
         for s in range(H):
             r = (i - s) % H
-            outs = np.arange(r, layer.o, H)
+            outs = rows_dy[r]
             part = outs[:, None] * layer.k + feats[None, :]
             if bias and s == 0:
                 part = np.concatenate([part, (n_weight + outs)[:, None]], axis=1)
@@ -379,16 +422,17 @@ def _spwgrad(ctx: Context, layer: WSLayer, l: int, mask: np.ndarray) -> tuple[li
     bias = layer.bias is not None
     xa = ctx.addr(f"act{l - 1}")
     g, run = _scratch_run(ctx, ("acc", "tmp", "g"))         # G: scratch free while the record runs
-    cap = min(run, max(_CHAIN_WORDS, _local(layer.k, H, 0) + 1))
-    counts_of = [_local(layer.o, H, r) for r in range(H)]
+    rows_x, rows_dy = ctx.rows(l - 1, layer.k), ctx.rows(l, layer.o)
+    cap = min(run, max(_CHAIN_WORDS, max(len(f) for f in rows_x) + 1))
+    counts_of = [len(rows_dy[r]) for r in range(H)]
     records = [[None] * ctx.config.width for _ in range(H)]
     streams_in, streams_out = [], []
     n_weight = layer.o * layer.k
     for i in range(H):
-        feats = np.arange(i, layer.k, H)
+        feats = rows_x[i]
         kept_n, kept_local, scatter = [], [], []
         for s in range(H):
-            for o in range(((i - s) % H), layer.o, H):
+            for o in rows_dy[(i - s) % H]:
                 local = np.flatnonzero(mask[o, feats])
                 kept_n.append(len(local))
                 kept_local.append(local)
@@ -448,7 +492,7 @@ def _softmax(ctx: Context, l: int) -> tuple[list, int]:
     ``transpose`` record scattering it into ``grad{l}`` in place."""
     H = ctx.H
     classes = ctx.layers[-1].o
-    counts_of = [_local(classes, H, r) for r in range(H)]
+    counts_of = [ctx.local(l, classes, r) for r in range(H)]
     a = ctx.addr
     n_passes = len(ctx.token_passes(0))
     parts = [[[None] * ctx.config.width for _ in range(H)] for _ in range(3 * n_passes if n_passes > 1 else 1)]
@@ -508,8 +552,8 @@ def build(ctx: Context) -> tuple[dict, dict]:
     for l, layer in enumerate(layers, start=1):
         parts, math = [], []
         if l == 1 and ctx.relu_input:
-            parts.append(_relu(ctx, "act0", layer.k))
-            parts.append(_transpose(ctx, "act0", "act0tm", layer.k))
+            parts.append(_relu(ctx, 0, layer.k))
+            parts.append(_transpose(ctx, 0, layer.k))
             math.append(Relu("act0"))
         mask = ctx.sparse(layer, f"fwd {layer.name}")
         if mask is not None:
@@ -522,15 +566,15 @@ def build(ctx: Context) -> tuple[dict, dict]:
             records = records[-1]
         parts.append(records)
         if layer.relu:
-            parts.append(_relu(ctx, f"act{l}", layer.o))
+            parts.append(_relu(ctx, l, layer.o))
             math.append(Relu(f"act{l}"))
         if l < L:
-            parts.append(_transpose(ctx, f"act{l}", f"act{l}tm", layer.o))
+            parts.append(_transpose(ctx, l, layer.o))
         add(f"fwd {layer.name}", "forward", parts, streams, (), math, fmacs)
     parts, fmacs = _softmax(ctx, L)
     math = [SoftmaxDelta(f"act{L}", f"grad{L}")]
     if layers[-1].relu:
-        parts += _mask(ctx, f"act{L}", f"grad{L}", layers[-1].o)
+        parts += _mask(ctx, L, layers[-1].o)
         math.append(ReluMask(f"act{L}", f"grad{L}"))
     add("loss", "loss", parts, math=math, fmacs=fmacs)
     backward = []
@@ -548,7 +592,7 @@ def build(ctx: Context) -> tuple[dict, dict]:
                 before, records = records[:-1], records[-1]     # the token passes before the last
             parts = before + [records]
             if layers[l - 2].relu:
-                parts += _mask(ctx, f"act{l - 1}", f"grad{l - 1}", layer.k)
+                parts += _mask(ctx, l - 1, layer.k)
                 math.append(ReluMask(f"act{l - 1}", f"grad{l - 1}"))
             add(f"bwd-data {layer.name}", "backward-data", parts, streams, (), math, fmacs)
             backward.append(f"bwd-data {layer.name}")
@@ -577,11 +621,12 @@ def transfers(ctx: Context) -> dict:
     K, C = ctx.layers[0].k, ctx.layers[-1].o
     L = len(ctx.layers)
 
-    def build_map(region: str, features: int, width: int, token_major: bool, per_token: bool = False):
+    def build_map(region: str, l: int, features: int, width: int, token_major: bool, per_token: bool = False):
         addr, words = ctx.mem.regions[region]
         index = np.full((H, W, words), -1, dtype=np.int64)
+        rows = ctx.rows(l, features)
         for i in range(H):
-            feats = np.arange(i, features, H)
+            feats = rows[i]
             for j in range(ctx.columns):
                 toks = np.asarray(ctx.tokens[j])
                 if per_token:
@@ -595,6 +640,6 @@ def transfers(ctx: Context) -> dict:
                 index[i, j, :flat.size] = flat
         return addr, index
 
-    return {"x": build_map("act0", K, K, False), "xtm": build_map("act0tm", K, K, True),
-            "onehot": build_map("onehot", C, C, False), "scale": build_map("scale", 0, 0, False, True),
-            "logits": build_map(f"act{L}", C, C, False)}
+    return {"x": build_map("act0", 0, K, K, False), "xtm": build_map("act0tm", 0, K, K, True),
+            "onehot": build_map("onehot", L, C, C, False), "scale": build_map("scale", L, 0, 0, False, True),
+            "logits": build_map(f"act{L}", L, C, C, False)}

@@ -32,7 +32,7 @@ import numpy as np
 from wse.host.compiler.schedule import (MathOp, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta,
                                         SparseSgemm, SparseSgemmTransposed, SparseWeightGradient, WeightGradient)
 
-from . import kernels
+from . import kernels, slots
 from .backend import Backend, HostData, RunResult
 
 __all__ = ["FunctionalBackend"]
@@ -107,19 +107,22 @@ class FunctionalBackend(Backend):
     # -- one method per operation type ------------------------------------------
     def _sgemm(self, step: _Step, op: Sgemm) -> None:
         bias = step.w[op.bias] if op.bias else None
-        step.acts[op.y] = kernels.sgemm(step.w[op.weight], step.acts[op.x], bias, self.height)
+        step.acts[op.y] = slots.sgemm(kernels.sgemm, self.executable.layout, op, step.w[op.weight], step.acts[op.x],
+                                      bias, self.height)
 
     def _spgemm(self, step: _Step, op: SparseSgemm) -> None:
         bias = step.w[op.bias] if op.bias else None
-        step.acts[op.y] = kernels.spgemm(step.w[op.weight], step.acts[op.x], bias,
-                                         np.asarray(op.nonzeros, dtype=np.int64), self.height)
+        step.acts[op.y] = slots.spgemm(kernels.spgemm, self.executable.layout, op, step.w[op.weight],
+                                       step.acts[op.x], bias, op.nonzeros, self.height)
 
     def _spgemm_transposed(self, step: _Step, op: SparseSgemmTransposed) -> None:
-        step.acts[op.y] = kernels.spgemm(np.ascontiguousarray(step.w[op.weight].T), step.acts[op.x], None,
-                                         np.asarray(op.nonzeros, dtype=np.int64), self.height)
+        step.acts[op.y] = slots.spgemm(kernels.spgemm, self.executable.layout, op,
+                                       np.ascontiguousarray(step.w[op.weight].T), step.acts[op.x], None, op.nonzeros,
+                                       self.height)
 
     def _sgemm_transposed(self, step: _Step, op: SgemmTransposed) -> None:
-        step.acts[op.y] = kernels.sgemm_transposed(step.w[op.weight], step.acts[op.x], self.height)
+        step.acts[op.y] = slots.sgemm_transposed(kernels.sgemm_transposed, self.executable.layout, op,
+                                                 step.w[op.weight], step.acts[op.x], self.height)
 
     def _spwgrad(self, step: _Step, op: SparseWeightGradient) -> None:
         self._wgrad(step, op)               # the kept weights' values are wgrad's, in its order

@@ -29,6 +29,7 @@ from wse.config import UsageError
 from wse.host.compiler.schedule import (MathOp, Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta,
                                         SparseSgemm, SparseSgemmTransposed, WeightGradient)
 
+from . import slots
 from . import torch_kernels as tk
 from .backend import Backend, HostData, RunResult
 
@@ -128,18 +129,21 @@ class FunctionalTorchBackend(Backend):
     # -- one method per operation type ------------------------------------------
     def _sgemm(self, step: _Step, op: Sgemm) -> None:
         bias = step.w[op.bias] if op.bias else None
-        step.acts[op.y] = tk.sgemm(step.w[op.weight], step.acts[op.x], bias, self.height)
+        step.acts[op.y] = slots.sgemm(tk.sgemm, self.executable.layout, op, step.w[op.weight], step.acts[op.x], bias,
+                                      self.height)
 
     def _spgemm(self, step: _Step, op: SparseSgemm) -> None:
         bias = step.w[op.bias] if op.bias else None
-        step.acts[op.y] = tk.spgemm(step.w[op.weight], step.acts[op.x], bias, np.asarray(op.nonzeros), self.height)
+        step.acts[op.y] = slots.spgemm(tk.spgemm, self.executable.layout, op, step.w[op.weight], step.acts[op.x],
+                                       bias, op.nonzeros, self.height)
 
     def _spgemm_transposed(self, step: _Step, op: SparseSgemmTransposed) -> None:
-        step.acts[op.y] = tk.spgemm(step.w[op.weight].t().contiguous(), step.acts[op.x], None,
-                                    np.asarray(op.nonzeros), self.height)
+        step.acts[op.y] = slots.spgemm(tk.spgemm, self.executable.layout, op, step.w[op.weight].t().contiguous(),
+                                       step.acts[op.x], None, op.nonzeros, self.height)
 
     def _sgemm_transposed(self, step: _Step, op: SgemmTransposed) -> None:
-        step.acts[op.y] = tk.sgemm_transposed(step.w[op.weight], step.acts[op.x], self.height)
+        step.acts[op.y] = slots.sgemm_transposed(tk.sgemm_transposed, self.executable.layout, op, step.w[op.weight],
+                                                 step.acts[op.x], self.height)
 
     def _relu(self, step: _Step, op: Relu) -> None:
         step.acts[op.data] = tk.relu(step.acts[op.data])
