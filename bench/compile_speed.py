@@ -49,7 +49,8 @@ Cases: ``fc_mnist`` (784-256-256-10, 16x16, batch 64), ``mlp1024``
 ``wafer`` (4096-4096-4096-10 on 750x994, batch 6000: the WSE-2's mesh; with ``--cycles-only`` about 70
 minutes and 17 GB on 2 cores), ``wafer_rows`` (the same
 model on the wafer's 994 rows and 64 columns, batch 512: its rows' features and a column's tokens, at a
-twelfth of its PEs), ``wafer_rows_even`` and ``wafer_even`` (the same meshes and batches with a
+twelfth of its PEs), ``wafer_rows16`` (the same on 16 columns, batch 128: 8 tokens a column as on the
+wafer), ``wafer_rows_even`` and ``wafer_even`` (the same meshes and batches with a
 3976-wide MLP: 4 features on every one of the 994 rows, where 4096 puts a fifth on rows 0 to 119 only;
 ``docs/weight_streaming.md`` section 9, "Uneven rows").
 """
@@ -75,6 +76,7 @@ CASES = {
     "mlp4096": ((4096, 4096, 4096, 10), (128, 128), 1024),
     "wafer": ((4096, 4096, 4096, 10), (750, 994), 6000),
     "wafer_rows": ((4096, 4096, 4096, 10), (64, 994), 512),
+    "wafer_rows16": ((4096, 4096, 4096, 10), (16, 994), 128),
     "wafer_rows_even": ((3976, 3976, 3976, 10), (64, 994), 512),
     "wafer_even": ((3976, 3976, 3976, 10), (750, 994), 6000),
 }

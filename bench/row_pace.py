@@ -12,7 +12,8 @@ features on 994 rows, rows 0 to 119 hold five features and set that pace, and th
 between the two paces moves down the column ring; with a width that gives every row the
 same features, every row is at it within a few strides.
 
-    .venv/bin/python bench/row_pace.py --png docs/img/row_pace.png          # 16x994, fwd 0: about 3 minutes
+    .venv/bin/python bench/row_pace.py --layout cyclic --png docs/img/row_pace.png   # 16x994, fwd 0: about 3 minutes
+    .venv/bin/python bench/row_pace.py --png docs/img/row_pace_spread.png           # the spread layout (default)
     .venv/bin/python bench/row_pace.py --sizes 3976 3976 3976 10             # every row four features
 """
 
