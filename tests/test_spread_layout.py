@@ -7,7 +7,6 @@ its cycles; executables written before the choice existed load cyclic."""
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from wse.config import FabricConfig, UsageError
 from wse import numerics as fp
@@ -17,14 +16,7 @@ from wse.host.compiler.ws_phases import row_features, sgemm_steps
 from wse.host.runtime import Runtime, kernels, torch_kernels
 from wse.host.runtime.slots import GemmSlots
 
-
-def mlp(*sizes, bias=True):
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(nn.Linear(a, b, bias=bias))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from mlps import mlp
 
 
 # The map and the firmware's counter -----------------------------------------------------------
