@@ -7,10 +7,11 @@ moved on in the stride (a row's PEs move together: the row's weight multicast ti
 A row's *pace* in a stride is that count over the stride's cycles. The line gives the
 phase's cycles (when the strides reach its end), the strides, the slowest pace (the median of
 the slowest tenth of the rows over the middle stride) and, every tenth stride, how many rows
-moved within 10% of it (``rows_at_slow_pace``; a stride counts whole op rows): with 4096
-features on 994 rows, rows 0 to 119 hold five features and set that pace, and the count grows stride by stride as the boundary
-between the two paces moves down the column ring; with a width that gives every row the
-same features, every row is at it within a few strides.
+moved within 10% of it (``rows_at_slow_pace``; a stride counts whole op rows). With 4096
+features on 994 rows and ``--layout cyclic``, rows 0 to 119 hold five features and set that pace,
+and the count grows stride by stride as the boundary between the two paces moves down the column
+ring; with the spread layout (the default: the five-feature rows every 8 or 9 rows), or a width
+that gives every row the same features, every row is at it within a few strides.
 
     .venv/bin/python bench/row_pace.py --layout cyclic --png docs/img/row_pace.png   # 16x994, fwd 0: about 3 minutes
     .venv/bin/python bench/row_pace.py --png docs/img/row_pace_spread.png           # the spread layout (default)

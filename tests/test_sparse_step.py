@@ -139,13 +139,16 @@ def test_a_step_without_a_non_zero_on_a_row_sends_only_its_ring_kind():
         phase = exe.phases[name]
         grid = masks["0.weight"] if name == "fwd 0" else masks["2.weight"].T     # [outputs, features]
         outputs = grid.shape[0]
+        x, y = ("act0", "act1") if name == "fwd 0" else ("grad2", "grad1")
+        rows_in = exe.layout.slots(x, grid.shape[1]) % H                      # each feature's row
+        rows_out = exe.layout.slots(y, outputs) % H
         for stream in phase.streams_in:
             i = stream.index
-            busy = grid[:, i::H].any(axis=1)
+            busy = grid[:, rows_in == i].any(axis=1)
             assert not busy.all()                                               # some steps are empty here
-            firsts = len(range((i - 1) % H, outputs, H))                        # ring position 0: one a round
+            firsts = int((rows_out == (i - 1) % H).sum())                       # ring position 0: one a round
             assert int(stream.ctrl.sum()) == int(busy.sum()) + outputs + 2, (name, i)
-            pairs = 2 * int(grid[:, i::H].sum())
+            pairs = 2 * int(grid[:, rows_in == i].sum())
             assert len(stream.gather) - int(stream.ctrl.sum()) == pairs + firsts, (name, i)   # (-0.0 without bias)
             checked += 1
     assert checked == 2 * H

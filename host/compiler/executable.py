@@ -38,8 +38,9 @@ __all__ = ["Executable", "FORMAT", "VERSION"]
 
 #: Identifies an executable file.
 FORMAT = "wse-executable"
-#: The file format version this code writes and reads.
-VERSION = 1
+#: The file format version this code writes and reads (2: the weight-streaming ``sgemm`` record
+#: ends with ``e_step``, the last round's counter step, and its layout may spread a last round).
+VERSION = 2
 
 
 class Executable:

@@ -209,7 +209,8 @@ class SparseSgemm(_MaskedOp):
     mask: ``W [O, K]`` (``weight``), ``x [K, B]``, ``bias [O]`` (None: none),
     ``y [O, B]``; ``nonzeros`` are the kept weights' flat indices ``o*K + k``
     (ascending, :func:`~.sparse.nonzeros`). Only those are multiplied, in the
-    order of ``docs/weight_streaming.md`` section 13 (:func:`~.sparse.reference_forward`)."""
+    order of ``docs/weight_streaming.md`` section 13 (:func:`~.sparse.reference_forward`; features
+    on the rows of their slots, section 3)."""
 
     op: ClassVar[str] = "spgemm"
     weight: str

@@ -107,7 +107,8 @@ def reference_forward(w: np.ndarray, mask: np.ndarray, x: np.ndarray, bias: np.n
                       height: int) -> np.ndarray:
     """``y [O, B]`` of the sparse forward GEMM in its binary32 order (a slow reference).
 
-    Features live on rows ``k mod H`` (the weight-streaming layout). Per
+    Features live on rows ``k mod H`` (the cyclic weight-streaming layout; with a spread tensor
+    the order is this one on the operands embedded in their slots, ``host/runtime/slots.py``). Per
     output ``o``, with ``e = o mod H`` and ``s = e + 1 mod H``::
 
         P_i = +0; P_i = add(P_i, mul(x[k], W[o, k]))  for k kept, k mod H = i, k ascending
