@@ -30,7 +30,14 @@ import numpy as np
 from wse.config import UsageError
 
 __all__ = ["Layout", "WSLayer", "WeightStreamingLayout", "PipelinedLayout", "LAYOUTS", "register_layout",
-           "spreads", "feature_slots", "last_round_counter"]
+           "spreads", "spread_activation", "feature_slots", "last_round_counter"]
+
+
+def spread_activation(spread: bool, l: int, layers: int) -> bool:
+    """Whether activation ``l`` (``act{l}``, ``grad{l}``, ``act{l}tm``; 0 the model input) of a
+    weight-streaming plan of ``layers`` Linear layers may spread its last round: with ``spread``,
+    every one but the logits (``l = layers``)."""
+    return bool(spread) and l < layers
 
 
 def spreads(n: int, height: int, spread: bool) -> bool:
@@ -218,7 +225,7 @@ class WeightStreamingLayout(Layout):
         match = re.fullmatch(r"(?:act|grad)(\d+)(?:tm)?", tensor)
         if match is None:
             raise UsageError(f"tensor must be named act<l>, grad<l> or act<l>tm, not {tensor!r}")
-        return self.spread and int(match.group(1)) < len(self.layers)
+        return spread_activation(self.spread, int(match.group(1)), len(self.layers))
 
     def slots(self, tensor: str, n: int) -> np.ndarray:
         """:func:`feature_slots` of tensor ``tensor``'s ``n`` features on this layout's rows."""

@@ -19,7 +19,7 @@ from wse.config import FabricConfig
 from wse.firmware.image import Program
 from wse.firmware.training import C_W, records as rec
 
-from .layouts import feature_slots, last_round_counter
+from .layouts import feature_slots, last_round_counter, spread_activation
 from .schedule import (Relu, ReluMask, Sgemm, SgemmTransposed, SoftmaxDelta, SparseSgemm, SparseSgemmTransposed,
                        SparseWeightGradient, StreamIn, StreamOut, WeightGradient)
 from .weight_streaming import EAST, PlannedPhase, WSLayer, ring_colors
@@ -58,9 +58,9 @@ class Context:
     spread: bool = False
 
     def spread_of(self, l: int) -> bool:
-        """Whether activation ``l`` (``act{l}``, ``grad{l}``; 0 the input) may spread its last round:
-        with :attr:`spread`, every one but the logits (:meth:`~.layouts.WeightStreamingLayout.spread_tensor`)."""
-        return self.spread and l < len(self.layers)
+        """Whether activation ``l`` (``act{l}``, ``grad{l}``; 0 the input) may spread its last round
+        (:func:`~.layouts.spread_activation`)."""
+        return spread_activation(self.spread, l, len(self.layers))
 
     def rows(self, l: int, n: int) -> tuple[np.ndarray, ...]:
         """:func:`row_features` of activation ``l``'s ``n`` features."""
@@ -69,6 +69,13 @@ class Context:
     def local(self, l: int, n: int, i: int) -> int:
         """Features of activation ``l``'s ``n`` that row ``i`` holds."""
         return len(self.rows(l, n)[i])
+
+    def gemm_sides(self, layer: WSLayer, transposed: bool, contracted: int) -> tuple[tuple[np.ndarray, ...], bool]:
+        """``(rows, spread)`` of a streamed GEMM of ``layer`` (forward, or input gradients if
+        ``transposed``): :meth:`rows` of its ``contracted`` input features, and whether its
+        outputs spread (:meth:`spread_of`)."""
+        l_in, l_out = (layer.index + 1, layer.index) if transposed else (layer.index, layer.index + 1)
+        return self.rows(l_in, contracted), self.spread_of(l_out)
 
     def sparse(self, layer: WSLayer, phase: str) -> np.ndarray | None:
         """The mask of ``layer`` if its phase ``phase`` (such as ``"fwd fc1"``) runs sparse, else None."""
@@ -111,12 +118,18 @@ def sgemm_steps(row: int, height: int, outputs: int, spread: bool = False) -> tu
     rounds = -(-outputs // height)
     p = np.tile(np.arange(height), rounds)
     r = np.repeat(np.arange(rounds), height)
-    slot = r * height + (row - 1 - p) % height
-    of_slot = np.full(rounds * height, -1, dtype=np.int64)
-    of_slot[feature_slots(outputs, height, spread)] = np.arange(outputs)
-    o = of_slot[slot]
+    o = _slot_outputs(outputs, height, spread)[r * height + (row - 1 - p) % height]
     keep = o >= 0
     return o[keep], p[keep]
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_outputs(outputs: int, height: int, spread: bool) -> np.ndarray:
+    """The output in each slot of :func:`sgemm_steps`' rounds (-1: none), built once per GEMM shape."""
+    of_slot = np.full(-(-outputs // height) * height, -1, dtype=np.int64)
+    of_slot[feature_slots(outputs, height, spread)] = np.arange(outputs)
+    of_slot.setflags(write=False)
+    return of_slot
 
 
 def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tuple[list, list, int]:
@@ -132,8 +145,7 @@ def _sgemm(ctx: Context, layer: WSLayer, transposed: bool, x: str, y: str) -> tu
     ``sgemm`` record alone on ``x``."""
     H, cfg = ctx.H, ctx.config
     k_total, outputs = (layer.o, layer.k) if transposed else (layer.k, layer.o)
-    l_in, l_out = (layer.index + 1, layer.index) if transposed else (layer.index, layer.index + 1)
-    rows_in, spread_out = ctx.rows(l_in, k_total), ctx.spread_of(l_out)
+    rows_in, spread_out = ctx.gemm_sides(layer, transposed, k_total)
     bias = layer.bias is not None and not transposed
     n_passes = len(ctx.token_passes(0))
     parts = [[[None] * cfg.width for _ in range(H)] for _ in range(2 * n_passes if n_passes > 1 else 1)]
@@ -251,8 +263,7 @@ def _spgemm(ctx: Context, layer: WSLayer, mask: np.ndarray, transposed: bool, x:
     T = ctx.T(0)
     bias = layer.bias is not None and not transposed
     grid = mask.T if transposed else mask                   # [outputs, contracted features]
-    l_in, l_out = (layer.index + 1, layer.index) if transposed else (layer.index, layer.index + 1)
-    rows_in, spread_out = ctx.rows(l_in, grid.shape[1]), ctx.spread_of(l_out)
+    rows_in, spread_out = ctx.gemm_sides(layer, transposed, grid.shape[1])
     n_pool = layer.o * layer.k + (layer.o if layer.bias is not None else 0)
     xa = ctx.addr(x)
     slots, block = sparse_slots(ctx, T)

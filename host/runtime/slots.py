@@ -65,7 +65,7 @@ class GemmSlots:
     def weight(self, w, transposed: bool = False):
         """``w`` (``[outputs, inputs]``, or ``[inputs, outputs]`` if ``transposed``) in slots, phantoms ``-0``."""
         rows, cols = (self.inputs, self.outputs) if transposed else (self.outputs, self.inputs)
-        out = _full(w, (int(rows[-1]) + 1 if len(rows) else 0, int(cols[-1]) + 1 if len(cols) else 0), -0.0)
+        out = _full(w, (self.n_in, self.n_out) if transposed else (self.n_out, self.n_in), -0.0)
         out[_index(rows, w)[:, None], _index(cols, w)[None, :]] = w
         return out
 
