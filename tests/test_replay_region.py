@@ -114,7 +114,8 @@ def _attempt(mesh, sizes, batch, name, t0, period, limit):
 
 
 # (mesh, sizes, batch, phase, first cycle, period, [(limit, why the region replay ended)]): limits in
-# mid-run and none (the region replay ends by itself: grown too big, or a background that stands still);
+# mid-run and none (the region replay ends by itself: grown too big, or a background that stands still,
+# "ended"; or no PE stepped at a period's end, "settled");
 # a limit at the end of the second period leaves no room for the record and a period after it: nothing
 # runs (why None). The first cycles and periods are tries of the period search's stops.
 _NONE = 1 << 40
@@ -124,6 +125,8 @@ ATTEMPTS = [
                                        (_NONE, "ended")]),
     ((10, 2), (8, 60, 60, 4), 23, "fwd 2", 437, 202, [(_NONE, "ended")]),
     ((8, 8), (100, 128, 128, 10), 32, "fwd 2", 1213, 590, [(_NONE, "ended")]),
+    # the stepped set empties at a period's end: the region replay hands the record's state back
+    ((8, 8), (100, 128, 128, 10), 32, "fwd 0", 3985, 494, [(_NONE, "settled")]),
 ]
 SLOW_ATTEMPTS = [
     ((64, 64), (2048, 2048, 2048, 10), 512, "fwd 0", 3728, 538, [(4900, "limit"), (8000, "limit")]),
@@ -148,6 +151,8 @@ def _check_attempts(case):
             (limit, search.runs, search.stats)
         if why == "limit":
             assert end == limit and ended == "limit", (limit, search.runs)
+        elif why == "settled":
+            assert end < limit and ended == "settled" and (end - first) % period == 0, (limit, search.runs)
         else:
             assert end < limit and ended in ("region", "still"), (limit, search.runs)
         stepped += int(search.stats[1])
@@ -219,6 +224,7 @@ def test_counts_and_last_cycles_are_the_same_without_regions(monkeypatch, search
     runs = _same_with_and_without(MESHES, monkeypatch, searches, engines=("reference", None))
     assert any(end > first for found in runs.values() for first, end, _ in found), runs
     assert runs.get((20, 4)) and runs.get((8, 8)), runs
+    assert any(why == "settled" for _, _, why in runs[(8, 8)]), runs
 
 
 @pytest.mark.slow
@@ -332,3 +338,27 @@ def test_a_phase_with_a_region_counts_the_golden_models_cycles(searches, monkeyp
     backend._copy_in(Runtime(exe, "functional")._host(x, rng.integers(0, sizes[-1], batch)))
     weights = {key: rng.standard_normal(shape).astype(np.float32) for key, shape in exe.parameters().items()}
     assert backend.run_phase(name, weights, {}) == count
+
+
+def test_the_replays_rate_counts_plain_replay_only(monkeypatch):
+    """The rate a try must beat is the replay's between two stops with nothing skipped between them:
+    a stretch in which the period search skipped or jumped (``landed``) is not counted, so its free
+    cycles do not make every try look dear."""
+    monkeypatch.setattr(replay_region, "MIN_CELLS", 1)
+    network, inputs = _phase((8, 8), (100, 128, 128, 10), 32, "fwd 0")
+    run = _Run(network, *inputs)
+    search = replay_region.RegionSearch(run.routes, run.ports, run.ops)
+
+    def stop_at(cycle):
+        assert run.run_to(cycle) == engine._OUT_OF_TIME
+        now = run.state()
+        assert search.stop(now, run.queues, run.cores, run.events, run.scalars, 1 << 40) is None
+
+    stop_at(100)
+    stop_at(300)
+    assert search.rates[3] == 200
+    search.landed()                 # the period search skipped from here: the next stretch is not counted
+    stop_at(700)
+    assert search.rates[3] == 200 and search.quiet == 1
+    stop_at(750)
+    assert search.rates[3] == 250

@@ -550,7 +550,7 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
             if status != _STOPPED:
                 return _result(status, scalars)
         elif region is not None:        # a skip or a jump landed: the period search is doing the work
-            region.quiet = 0
+            region.landed()
         landed = False
         t = int(scalars[_T])
         scalars[_SEEN_PC] = next_stop()

@@ -53,8 +53,10 @@ ends, and the whole state is set from ``R(t)`` and ``A``'s, when ``A``
 grows past :data:`MAX_SHARE` of the cells or when the background would not
 move in a cycle (its edge ports' injections are not counted as its moves,
 so a cycle in which it only injects ends it too: the engine's idle skip and
-hang checks then decide); the replay goes on from there with the period
-search. The reduced replay of the first columns (:mod:`.replay_columns`)
+hang checks then decide), or at a period's end with no cell in ``A``
+(:data:`SETTLE`: the whole state is then the record's, a period of the
+whole fabric that the period search skips at a fraction of a stepped
+cycle's cost); the replay goes on from there with the period search. The reduced replay of the first columns (:mod:`.replay_columns`)
 does not offer its stops to the region replay.
 
 ``tests/test_replay_region.py`` compares the state at the end of region
@@ -67,6 +69,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from numba import njit
 
 from .network import TO_PE, TO_ROUTER
 from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
@@ -79,25 +82,31 @@ __all__ = ["RegionSearch", "REGION"]
 
 #: Whether :func:`.replay_periods.run_with_periods` tries the region replay (the same counts either way).
 REGION = True
-#: The region replay ends when the stepped cells exceed this share of the mesh.
-MAX_SHARE = 0.08
+#: The region replay ends when the stepped cells exceed this share of the mesh (a stepped PE costs about
+#: four times a PE of the reference engine's cycle; 0.08 before: the round boundaries above reach 10%).
+MAX_SHARE = 0.16
 #: A stop proposes a period ``D`` when at most this share of the cells differ from a stop ``D`` cycles earlier.
 PROPOSE_SHARE = 0.03
 #: A period is proposed only after this many stops in a row at which the period search skipped nothing.
 QUIET_STOPS = 4
-#: The shortest period proposed: shorter repeats are the period search's (measured: on the last layer's
-#: ``bwd-data``, periods of 42 cycles recorded and replayed as regions cost more than the replay without).
-MIN_PERIOD = 256
-#: Periods are proposed only while the watched PE is in its first round: a round with one before it
-#: is the round search's to skip (:mod:`.replay_periods`), and the fill, where no state repeats, is
-#: in the first (measured: a try in the last layer's ``bwd-data``'s second round cost 2 CPU s on
-#: 128x128 and its record did not close).
-FIRST_ROUND_ONLY = True
+#: The shortest period proposed. Shorter repeats are the period search's, but a round boundary that
+#: crosses the column ring on the wafer's rows (the last layer's ``bwd-data``, 42-cycle steps, a band of
+#: about 25 rows off the period for thousands of cycles) is a region of a 42-cycle background (measured
+#: on 16x994: 24 against 36 CPU s for that phase with :data:`SETTLE` and in every round; 64x994: 116
+#: against 150).
+MIN_PERIOD = 32
+#: Periods are proposed only while the watched PE is in its first round (True), or in any round
+#: (False: the round boundaries above are in later rounds; the cost rule of :class:`RegionSearch` stops
+#: the tries where they do not pay, as in the streamed GEMMs' later rounds).
+FIRST_ROUND_ONLY = False
 #: The fewest PEs a mesh must have for a try: a smaller mesh's replay costs less than a record
 #: (FC-MNIST's cycle model on 16x16 took 1.8 CPU s with tries, 0.43 without; the 1024-wide MLP's on
 #: 32x32 1.17 against 1.06, the 2048-wide one's on 64x64 the same; the 4096-wide one's on 128x128
 #: 35.2 against 37.3, one thread).
 MIN_CELLS = 8192
+#: End the region replay at a period's end where no PE is stepped (the whole state is then the record's,
+#: and the period search skips what repeats).
+SETTLE = True
 #: The most bytes a record may take.
 RECORD_BYTES = 2 << 30
 
@@ -139,6 +148,16 @@ def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: 
     scalars[_TO_INJECT] = int(ports.left.sum())
 
 
+@njit(cache=True, nogil=True)
+def _repeat_once(ops, pcs, shifts):
+    """For each ``(pc, d)``: 1 if ``ops[y] == ops[y - d]`` for ``y`` in ``pc .. pc + d`` (its op rows
+    repeat for one more period, :func:`.replay_periods._repeats`), else 0."""
+    out = np.zeros(pcs.shape[0], np.int64)
+    for i in range(pcs.shape[0]):
+        out[i] = _repeats(ops, pcs[i:i + 1], shifts[i:i + 1], 1)
+    return out
+
+
 def neighbours(routes) -> tuple[np.ndarray, np.ndarray]:
     """The routers each router sends to or takes from on some color (a router's PE taken with it), as
     ``(indptr, indices)``."""
@@ -175,8 +194,9 @@ class RegionSearch:
     replay as ``(first cycle, cycle it ended at, why)`` (why: ``"region"``, the
     stepped PEs grew too many; ``"still"``, the background stood still;
     ``"limit"``; ``"open"``, the record's period did not close for too many
-    PEs and no region ran); ``rates`` holds the
-    CPU seconds and cycles of the tries and of the replay between stops."""
+    PEs and no region ran; ``"settled"``, no PE was stepped at a period's end, :data:`SETTLE`); ``rates``
+    holds the CPU seconds and cycles of the tries and of the replay between stops (two stops with
+    no skip or jump of the period search between them, :meth:`landed`)."""
 
     def __init__(self, routes, ports, ops, keep: int = 24):
         self.routes, self.ports, self.ops, self.keep = routes, ports, ops, keep
@@ -209,6 +229,10 @@ class RegionSearch:
         result = self._offer(t, sig, cells, colors, queues, cores, events, scalars, limit)
         self._since = (time.thread_time(), int(scalars[_T]))
         return result
+
+    def landed(self) -> None:
+        """The period search skipped or jumped: the replay's rate between stops counts plain replay only."""
+        self.quiet, self._since = 0, None
 
     def _offer(self, t, sig, cells, colors, queues, cores, events, scalars, limit):
         budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth) // 2)
@@ -282,8 +306,7 @@ class RegionSearch:
             keys, inverse = np.unique(ends * (int(shift.max(initial=0)) + 1) + shift[moving], return_inverse=True)
             first = np.zeros(keys.shape[0], np.int64)
             first[inverse] = np.arange(moving.shape[0])
-            repeats = np.array([_repeats(ops, ends[i:i + 1], shift[moving[i]:moving[i] + 1], 1) for i in first],
-                               dtype=np.int64)
+            repeats = _repeat_once(ops, ends[first], shift[moving[first]])
             forced = moving[repeats[inverse] < 1] if moving.shape[0] else moving
             wrap = np.flatnonzero(~closed & ~in_a).astype(np.int32)
             if wrap.shape[0]:       # a background cell whose period does not close is stepped from here
@@ -294,8 +317,9 @@ class RegionSearch:
                              rec, base, forced.astype(np.int32), np.flatnonzero(~closed).astype(np.int32),
                              conf_count, conf_cells, act_total, conf_total, *self._nbr, in_a,
                              int(MAX_SHARE * cells), self.stats, self.trace)
-            if status != _REBASE:
+            if status != _REBASE or (SETTLE and not in_a.any()):
                 break
         _settle(queues, cores, events, ports, scalars, rec, base, in_a, t0)
-        self.runs.append((began, int(scalars[_T]), {_TOO_BIG: "region", _STILL: "still"}.get(status, "limit")))
+        self.runs.append((began, int(scalars[_T]),
+                          {_TOO_BIG: "region", _STILL: "still", _REBASE: "settled"}.get(status, "limit")))
         return _STOPPED
