@@ -83,7 +83,7 @@ __all__ = ["RegionSearch", "REGION"]
 #: Whether :func:`.replay_periods.run_with_periods` tries the region replay (the same counts either way).
 REGION = True
 #: The region replay ends when the stepped cells exceed this share of the mesh (a stepped PE costs about
-#: four times a PE of the reference engine's cycle; 0.08 before: the round boundaries above reach 10%).
+#: four times a PE of the reference engine's cycle; 0.08 before: the round boundaries below reach 14%).
 MAX_SHARE = 0.16
 #: A stop proposes a period ``D`` when at most this share of the cells differ from a stop ``D`` cycles earlier.
 PROPOSE_SHARE = 0.03
