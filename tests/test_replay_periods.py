@@ -102,6 +102,39 @@ def test_the_adaptive_engine_counts_as_the_reference_and_runs_both(instances):
     assert made and any(all(n > 0 for n in run.used) for run in made)
 
 
+def test_the_adaptive_engine_starts_a_new_row_on_the_cheaper_engine():
+    """From an op row no engine has run from, the engine cheapest on its latest stretch anywhere runs:
+    the slower engine runs once in the first stretches, not once from every new row (a fill that
+    passes many rows paid the slow engine's first stretch from each); a row's refresh turns still
+    give it the slower engine."""
+    import time
+    from types import SimpleNamespace
+
+    from wse.host.compiler import replay as engine
+    from wse.host.compiler.replay_adaptive import AdaptiveRun
+
+    def engine_costing(seconds):
+        def run(routes, ports, ops, queues, cores, events, scalars, limit, watch):
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+            scalars[engine._T] += 10
+            return engine._STOPPED
+        return run
+
+    ops = np.arange(40, dtype=np.int32).reshape(20, 2)
+    cores, scalars = SimpleNamespace(pc=np.zeros(1, np.int64)), np.zeros(64, np.int64)
+    run = AdaptiveRun([engine_costing(0.02), engine_costing(0.001)], explore=4)
+    for row in range(12):                       # twelve new rows: the slow engine only in the first stretch
+        cores.pc[0] = row
+        run(None, None, ops, None, cores, None, scalars, 1 << 40, 0)
+    assert run.used == [1, 11], run.used
+    cores.pc[0] = 5
+    for _ in range(4):                          # row 5's 2nd to 5th stretches: the 5th, after 4, refreshes
+        run(None, None, ops, None, cores, None, scalars, 1 << 40, 0)
+    assert run.used == [2, 14], run.used
+
+
 def test_phases_replayed_on_threads_count_as_one_at_a_time():
     """The distinct replays of a compile on several threads: the counts of one thread, and of the reference."""
     from wse.host.compiler import cycles

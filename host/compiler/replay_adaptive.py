@@ -37,11 +37,16 @@ class AdaptiveRun:
 
     Stretches are told apart by the op row the watched PE starts them at (a
     rotation, a stream of weights, a loop of outputs cost the engines
-    differently). For each such row every engine runs one stretch first;
-    then the cheapest runs, and the ``explore``-th stretch from that row, the
-    ``2 * explore``-th, the ``4 * explore``-th and so on go to the next
-    engine to refresh its figure (the CPU seconds over the cycles of its
-    latest stretch from there). Which engine runs a stretch is a choice
+    differently). Every engine runs one stretch first (the run's first
+    stretches); from a row it has not run from, an engine's figure is its
+    latest stretch's from any row, so the cheapest runs, and the
+    ``explore``-th stretch from that row, the ``2 * explore``-th, the
+    ``4 * explore``-th and so on go to the next engine to refresh its figure
+    there (the CPU seconds over the cycles of its latest stretch from there).
+    (Each engine ran one stretch from every new row first before: in the fill
+    of the last layer's ``bwd-data`` on 64x994, 18 stretches of the events
+    engine at four times the reference's cost, 23 of the first 5,000 cycles'
+    34 CPU s.) Which engine runs a stretch is a choice
     only (both leave the same state). ``used[i]`` counts the stretches of
     engine ``i``.
     """
@@ -51,16 +56,18 @@ class AdaptiveRun:
         self.explore = explore
         self.used = [0] * len(self.engines)
         self._rows: dict[bytes, list] = {}        # op row -> [calls, cost per engine (None: not run yet)]
+        self._latest: list = [None] * len(self.engines)     # each engine's cost on its latest stretch, any row
 
     def pick(self, row: bytes) -> int:
         """The engine of the next stretch from op row ``row`` (its bytes)."""
         calls, costs = self._rows.setdefault(row, [0, [None] * len(self.engines)])
-        for i, c in enumerate(costs):
-            if c is None:
+        known = [c if c is not None else self._latest[i] for i, c in enumerate(costs)]
+        for i, c in enumerate(known):
+            if c is None:           # an engine that has run no stretch of this run yet
                 return i
-        best = min(range(len(costs)), key=lambda i: costs[i])
+        best = min(range(len(known)), key=lambda i: known[i])
         turn = calls // self.explore          # the explore-th call, then the 2*explore-th, 4*explore-th, ...
-        refresh = calls % self.explore == 0 and turn & (turn - 1) == 0
+        refresh = calls > 0 and calls % self.explore == 0 and turn & (turn - 1) == 0
         return (best + 1) % len(self.engines) if refresh else best
 
     def __call__(self, routes, ports, ops, queues, cores, events, scalars, limit, watch):
@@ -73,5 +80,5 @@ class AdaptiveRun:
         status = self.engines[i](routes, ports, ops, queues, cores, events, scalars, limit, watch)
         cycles = int(scalars[_T]) - began
         if cycles > 0:
-            entry[1][i] = (time.thread_time() - cpu) / cycles
+            entry[1][i] = self._latest[i] = (time.thread_time() - cpu) / cycles
         return status
