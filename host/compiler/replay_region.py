@@ -56,8 +56,9 @@ so a cycle in which it only injects ends it too: the engine's idle skip and
 hang checks then decide), or at a period's end with no cell in ``A``
 (:data:`SETTLE`: the whole state is then the record's, a period of the
 whole fabric that the period search skips at a fraction of a stepped
-cycle's cost); the replay goes on from there with the period search. The reduced replay of the first columns (:mod:`.replay_columns`)
-does not offer its stops to the region replay.
+cycle's cost); the replay goes on from there with the period search. The
+reduced replay of the first columns (:mod:`.replay_columns`) does not offer
+its stops to the region replay.
 
 ``tests/test_replay_region.py`` compares the state at the end of region
 replays with the plain reference replay's at the same cycle, and the counts
