@@ -75,8 +75,8 @@ from numba import njit
 from .network import TO_PE, TO_ROUTER
 from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
 from .replay_periods import _repeats
-from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, Record, _cell_hashes, _materialize, _record, _region,
-                                  new_record, record_bytes)
+from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, MAX_DEPTH, Record, _cell_hashes, _materialize, _record,
+                                  _region, new_record, record_bytes)
 from .replay_state import new_events
 
 __all__ = ["RegionSearch", "REGION"]
@@ -108,8 +108,9 @@ MIN_CELLS = 8192
 #: End the region replay at a period's end where no PE is stepped (the whole state is then the record's,
 #: and the period search skips what repeats).
 SETTLE = True
-#: The most bytes a record may take.
-RECORD_BYTES = 2 << 30
+#: The most bytes a record may take: the wafer's streamed GEMM (750x994, a 106-cycle period whose fill a
+#: disturbance of about 1,800 PEs crosses for 16,000 cycles) needs 3.1 GB at 39 bytes a PE and cycle.
+RECORD_BYTES = 3 << 30
 
 
 def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: int) -> None:
@@ -119,8 +120,9 @@ def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: 
     t = int(scalars[_T])
     k = t - t0
     bg = ~in_a
-    queues.router_fifo[bg] = rec.fifo[:, k][bg]
-    queues.rx[bg] = rec.rx[:, k][bg]
+    queued = rec.queued[:, k][bg]
+    queues.router_fifo[bg] = queued & 15
+    queues.rx[bg] = queued >> 4
     colors = queues.router_fifo.shape[1]
     queues.busy_fifos[:] = ((queues.router_fifo > 0).astype(np.int64) << np.arange(colors)).sum(axis=1)
     tx = rec.tx[:, k][bg]
@@ -222,7 +224,8 @@ class RegionSearch:
         state it left (:data:`.replay._STOPPED`: going on from a later cycle; :data:`.replay._FINISHED`
         or a hang: the run ended while the period was recorded)."""
         cells, colors = queues.router_fifo.shape
-        if (FIRST_ROUND_ONLY and not first_round) or cells < MIN_CELLS:
+        if (FIRST_ROUND_ONLY and not first_round) or cells < MIN_CELLS or \
+                max(self.routes.router_depth, self.routes.rx_depth) > MAX_DEPTH:
             return None
         t, sig = int(now["t"]), self._signature(now)
         if self._since is not None:
@@ -291,11 +294,11 @@ class RegionSearch:
         base = np.zeros(cells, np.int64)
         in_a = None
         while True:         # rec holds the period from t0; it becomes the record of the next one
-            shift = rec.pc[:, period] - rec.pc[:, 0]
+            shift = rec.pc[:, period].astype(np.int64) - rec.pc[:, 0]
             closed = (shift >= 0) & (rec.free[:, period] == rec.free[:, 0]) & \
                 (rec.index[:, period] == rec.index[:, 0]) & (rec.flags[:, period] == rec.flags[:, 0]) & \
                 (rec.write[:, period] == rec.write[:, 0])
-            for table in (rec.fifo, rec.rx, rec.tx):
+            for table in (rec.queued, rec.tx):
                 closed &= (table[:, period] == table[:, 0]).all(axis=1)
             if in_a is None:
                 in_a = ~closed

@@ -17,15 +17,18 @@ from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP,
 
 __all__ = ["Record", "new_record", "record_bytes"]
 
-#: Bytes of a record per cell and cycle, beside the queue counts and the output queue.
-_CELL_BYTES = 4 + 4 + 1 + 1 + 8 + 8 + 1 + 1
+#: Bytes of a record per cell and cycle, beside the queue counts (a byte per color) and the output queue.
+_CELL_BYTES = 4 + 4 + 1 + 1 + 4 + 4 + 1 + 1
+#: The deepest router FIFO or input queue a record holds: a color's two counts share a byte, four bits each.
+MAX_DEPTH = 15
 # Why a region replay ended (beside the replay's own results).
 _TOO_BIG, _STILL, _REBASE = 2, 3, 4
 
 
 class Record(NamedTuple):
     """One period of the whole fabric from ``t0``: for ``k`` in ``0 .. D`` the relative state at the
-    start of cycle ``t0 + k`` (``fifo``, ``rx``: queue counts; ``tx``: the output queue's colors from
+    start of cycle ``t0 + k`` (``queued``: per color the router FIFO's count plus 16 times the input
+    queue's, both at most :data:`MAX_DEPTH`, so that a record of the wafer's GEMM period fits; ``tx``: the output queue's colors from
     its head, -1 past its count; ``free``: ``max(free_at - t, 0)`` of a live PE; ``index``: its element
     index; ``flags``: 1 its last element enters the output queue at ``t``, 2 done; ``write``: the
     color of its element issued at ``t - 1``, -1 none; ``pc``), and for ``k`` in ``0 .. D - 1`` what
@@ -35,8 +38,7 @@ class Record(NamedTuple):
     ``inject[p, k]``: the color it injected in cycle ``t0 + k``, -1 none. Every array is cell (or
     port) first: :func:`new_record`."""
 
-    fifo: np.ndarray
-    rx: np.ndarray
+    queued: np.ndarray
     tx: np.ndarray
     free: np.ndarray
     index: np.ndarray
@@ -55,16 +57,16 @@ def new_record(period: int, cells: int, colors: int, depth: int, ports: int) -> 
     reads its own rows at consecutive phases, cycle after cycle, so they share cache lines (phase
     first, every cycle's reads of a cell missed the cache)."""
     states, cycles = (cells, period + 1), (cells, period)
-    return Record(np.zeros((*states, colors), np.int8), np.zeros((*states, colors), np.int8),
+    return Record(np.zeros((*states, colors), np.uint8),
                   np.zeros((*states, depth), np.int8), np.zeros(states, np.int32), np.zeros(states, np.int32),
-                  np.zeros(states, np.int8), np.zeros(states, np.int8), np.zeros(states, np.int64),
-                  np.zeros(cycles, np.int64), np.zeros(cycles, np.int8), np.zeros(cycles, np.int8),
+                  np.zeros(states, np.int8), np.zeros(states, np.int8), np.zeros(states, np.int32),
+                  np.zeros(cycles, np.uint32), np.zeros(cycles, np.int8), np.zeros(cycles, np.int8),
                   np.zeros((ports, period + 1, colors), np.bool_), np.full((ports, period), -1, np.int8))
 
 
 def record_bytes(period: int, cells: int, colors: int, depth: int) -> int:
     """The bytes of a :class:`Record` of ``period`` cycles."""
-    return (period + 1) * cells * (2 * colors + depth + _CELL_BYTES)
+    return (period + 1) * cells * (colors + depth + _CELL_BYTES)
 
 
 @njit(cache=True, nogil=True)
@@ -155,7 +157,7 @@ def _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, fo
         same = pending[r] == rec.write[r, k] and cores.pc[r] == rec.pc[r, k] + base[r]
         c = 0
         while same and c < colors:
-            same = queues.router_fifo[r, c] == rec.fifo[r, k, c] and queues.rx[r, c] == rec.rx[r, k, c]
+            same = queues.router_fifo[r, c] + 16 * queues.rx[r, c] == rec.queued[r, k, c]
             c += 1
         n = queues.tx_count[r]
         if same and n < depth:
@@ -224,9 +226,9 @@ def _materialize(queues, cores, events, t, k, rec, base, joiners, n, in_a):
         in_a[r] = True
         busy = 0
         for c in range(colors):
-            queues.router_fifo[r, c] = rec.fifo[r, k, c]
-            queues.rx[r, c] = rec.rx[r, k, c]
-            if rec.fifo[r, k, c] > 0:
+            queues.router_fifo[r, c] = rec.queued[r, k, c] & 15
+            queues.rx[r, c] = rec.queued[r, k, c] >> 4
+            if (rec.queued[r, k, c] & 15) > 0:
                 busy |= 1 << c
         queues.busy_fifos[r] = busy
         m = 0
@@ -287,8 +289,7 @@ def _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pe
     for i in range(na):
         r = a_list[i]
         for c in range(colors):
-            rec.fifo[r, k, c] = queues.router_fifo[r, c]
-            rec.rx[r, k, c] = queues.rx[r, c]
+            rec.queued[r, k, c] = queues.router_fifo[r, c] + 16 * queues.rx[r, c]
         at = queues.tx_head[r]
         for j in range(depth):
             if j < queues.tx_count[r]:
@@ -373,8 +374,8 @@ def _ring(queues, k, rec, a_list, na, in_a, t, ring_mark, ring, nbr_ptr, nbr):
                 ring[nr] = s
                 nr += 1
                 for c in range(colors):
-                    queues.router_fifo[s, c] = rec.fifo[s, k, c]
-                    queues.rx[s, c] = rec.rx[s, k, c]
+                    queues.router_fifo[s, c] = rec.queued[s, k, c] & 15
+                    queues.rx[s, c] = rec.queued[s, k, c] >> 4
     return nr
 
 
