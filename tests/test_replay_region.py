@@ -309,6 +309,24 @@ def test_a_region_with_no_room_ends_at_once(monkeypatch, searches):
     assert all(search.stats[1] == 0 for search in searches)
 
 
+@pytest.mark.parametrize("depth", [replay_region.MAX_DEPTH, replay_region.MAX_DEPTH + 1])
+def test_queues_as_deep_as_a_record_holds(depth, monkeypatch, searches):
+    """A record packs a color's FIFO and input-queue counts in a byte, four bits each: with queues
+    :data:`~wse.host.compiler.replay_region_steps.MAX_DEPTH` deep the region replay runs and counts
+    as the plain replay does; one deeper, none is tried (the same counts)."""
+    for name, value in {**_EAGER, "MAX_SHARE": 1.0}.items():
+        monkeypatch.setattr(replay_region, name, value)
+    depths = (("router_depth", depth), ("rx_depth", depth))
+    runs = []
+    for name, network, inputs in _phases((6, 4), (20, 96, 96, 5), 12, depths):
+        off = _counts(network, inputs, False, monkeypatch)
+        searches.clear()
+        on = _counts(network, inputs, True, monkeypatch)
+        assert on[0] == off[0] and np.array_equal(on[1], off[1]), (depth, name)
+        runs += [run for search in searches for run in search.runs]
+    assert bool(runs) == (depth <= replay_region.MAX_DEPTH), runs
+
+
 # The golden model ----------------------------------------------------------------------------
 
 def test_a_phase_with_a_region_counts_the_golden_models_cycles(searches, monkeypatch):

@@ -108,6 +108,8 @@ MIN_CELLS = 8192
 #: End the region replay at a period's end where no PE is stepped (the whole state is then the record's,
 #: and the period search skips what repeats).
 SETTLE = True
+#: The cycles a record takes phase first before they are copied into it (:func:`.replay_region_steps._record`).
+STAGE = 8
 #: The most bytes a record may take: the wafer's streamed GEMM (750x994, a 106-cycle period whose fill a
 #: disturbance of about 1,800 PEs crosses for 16,000 cycles) needs 3.1 GB at 39 bytes a PE and cycle.
 RECORD_BYTES = 3 << 30
@@ -286,8 +288,9 @@ class RegionSearch:
         # phase with more than it holds stops the try).
         act_total, conf_total = np.zeros(period, np.int64), np.zeros(period, np.int64)
         conf_count, conf_cells = np.zeros(period, np.int64), np.zeros((period, max(64, cells // 16)), np.int32)
+        stage = new_record(min(STAGE, period), cells, colors, routes.tx_depth, ports.left.shape[0], phase_first=True)
         status = _record(routes, rows, index, _NO_PROBE, ports, ops, queues, cores, events, scalars, period, rec,
-                         scratch, act_total, conf_total, conf_count, conf_cells)
+                         stage, scratch, act_total, conf_total, conf_count, conf_cells)
         if status != _OUT_OF_TIME:        # the run ended, or no period to keep: the run goes on from here
             return status
         began = t0 + period

@@ -52,16 +52,23 @@ class Record(NamedTuple):
     inject: np.ndarray
 
 
-def new_record(period: int, cells: int, colors: int, depth: int, ports: int) -> Record:
-    """An empty record of ``period`` cycles, cell (or port) first, ``[cell, k, ...]``: a stepped cell
-    reads its own rows at consecutive phases, cycle after cycle, so they share cache lines (phase
-    first, every cycle's reads of a cell missed the cache)."""
+def new_record(period: int, cells: int, colors: int, depth: int, ports: int, phase_first: bool = False) -> Record:
+    """An empty record of ``period`` cycles, indexed cell (or port) first, ``[cell, k, ...]``, and laid
+    out so in memory: a stepped cell reads its own rows at consecutive phases, cycle after cycle, so
+    they share cache lines (phase first, every cycle's reads of a cell missed the cache). With
+    ``phase_first`` the same indexing over memory laid out phase first (:func:`_record`'s stage,
+    where every cell's row of one phase is written in one pass)."""
+    def zeros(shape, dtype, fill=0):
+        laid = shape if not phase_first else (shape[1], shape[0], *shape[2:])
+        array = np.zeros(laid, dtype) if fill == 0 else np.full(laid, fill, dtype)
+        return array if not phase_first else np.swapaxes(array, 0, 1)
+
     states, cycles = (cells, period + 1), (cells, period)
-    return Record(np.zeros((*states, colors), np.uint8),
-                  np.zeros((*states, depth), np.int8), np.zeros(states, np.int32), np.zeros(states, np.int32),
-                  np.zeros(states, np.int8), np.zeros(states, np.int8), np.zeros(states, np.int32),
-                  np.zeros(cycles, np.uint32), np.zeros(cycles, np.int8), np.zeros(cycles, np.int8),
-                  np.zeros((ports, period + 1, colors), np.bool_), np.full((ports, period), -1, np.int8))
+    return Record(zeros((*states, colors), np.uint8),
+                  zeros((*states, depth), np.int8), zeros(states, np.int32), zeros(states, np.int32),
+                  zeros(states, np.int8), zeros(states, np.int8), zeros(states, np.int32),
+                  zeros(cycles, np.uint32), zeros(cycles, np.int8), zeros(cycles, np.int8),
+                  zeros((ports, period + 1, colors), np.bool_), zeros((ports, period), np.int8, -1))
 
 
 def record_bytes(period: int, cells: int, colors: int, depth: int) -> int:
@@ -103,14 +110,35 @@ def _port_conflicts(routes, queues, ports, first_color, only, out):
 
 
 @njit(cache=True, nogil=True)
-def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scalars, period, rec, scratch,
+def _flush(stage, rec, k0, states, moves):
+    """Copy the stage's first ``states`` state rows and ``moves`` rows of moves into ``rec`` from phase
+    ``k0`` on."""
+    rec.queued[:, k0:k0 + states] = stage.queued[:, :states]
+    rec.tx[:, k0:k0 + states] = stage.tx[:, :states]
+    rec.free[:, k0:k0 + states] = stage.free[:, :states]
+    rec.index[:, k0:k0 + states] = stage.index[:, :states]
+    rec.flags[:, k0:k0 + states] = stage.flags[:, :states]
+    rec.write[:, k0:k0 + states] = stage.write[:, :states]
+    rec.pc[:, k0:k0 + states] = stage.pc[:, :states]
+    rec.has[:, k0:k0 + states] = stage.has[:, :states]
+    rec.grant[:, k0:k0 + moves] = stage.grant[:, :moves]
+    rec.act[:, k0:k0 + moves] = stage.act[:, :moves]
+    rec.conf[:, k0:k0 + moves] = stage.conf[:, :moves]
+    rec.inject[:, k0:k0 + moves] = stage.inject[:, :moves]
+
+
+@njit(cache=True, nogil=True)
+def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scalars, period, rec, stage, scratch,
             act_total, conf_total, conf_count, conf_cells):
     """Run ``period`` cycles from the start of cycle ``scalars[_T]`` on the reference engine, a cycle
     at a time, taking each into the empty record ``rec`` (:func:`_capture`, :func:`_capture_moves`
     for every cell: the totals and conflict lists with it) and the state after them as its last row;
     returns ``_OUT_OF_TIME`` when all were taken, ``_STOPPED`` if the idle skip jumped (no period to
     keep; the run goes on from there) or a phase's conflict list overflowed, or the run's end
-    (finished or hung) as the engine gave it."""
+    (finished or hung) as the engine gave it. The cycles are taken into ``stage`` first, a record
+    of a few cycles laid out phase first (:func:`new_record`), and copied into ``rec`` a stage at a
+    time (:func:`_flush`): taken straight into the cell-first ``rec``, every cell's entry of a cycle
+    fell in a cache line of its own, and a record cost seven plain cycles a cycle."""
     cells, colors = queues.router_fifo.shape
     t0 = scalars[_T]
     every = np.arange(cells).astype(np.int32)
@@ -118,8 +146,14 @@ def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scala
     base = np.zeros(cells, np.int64)
     pending = np.full(cells, -1, np.int8)
     conf_now = np.zeros(cells, np.int64)
+    size = stage.act.shape[1]
+    k0 = 0
     for k in range(period):
-        _capture(queues, cores, events, ports, t0 + k, k, rec, base, every, cells, stepped, pending)
+        j = k - k0
+        if j == 0:      # the moves of a stage's phases are taken as changes to zero rows
+            stage.act[:] = 0
+            stage.conf[:] = 0
+        _capture(queues, cores, events, ports, t0 + k, j, stage, base, every, cells, stepped, pending)
         _router_conflicts(rows, index, queues, routes.router_depth, routes.rx_depth, (t0 + k) % colors, scratch,
                           conf_now)
         _port_conflicts(routes, queues, ports, (t0 + k) % colors, np.zeros(0, np.bool_), conf_now)
@@ -129,10 +163,14 @@ def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scala
             return status
         if scalars[_T] != t0 + k + 1:
             return _STOPPED
-        if not _capture_moves(events, ports, k, rec, every, cells, stepped, conf_now, act_total, conf_total,
-                              conf_count, conf_cells):
+        if not _capture_moves(events, ports, j, stage, every, cells, stepped, conf_now, act_total[k0:],
+                              conf_total[k0:], conf_count[k0:], conf_cells[k0:]):
             return _STOPPED
-    _capture(queues, cores, events, ports, t0 + period, period, rec, base, every, cells, stepped, pending)
+        if j == size - 1:
+            _flush(stage, rec, k0, size, size)
+            k0 += size
+    _capture(queues, cores, events, ports, t0 + period, period - k0, stage, base, every, cells, stepped, pending)
+    _flush(stage, rec, k0, period - k0 + 1, period - k0)
     return _OUT_OF_TIME
 
 
