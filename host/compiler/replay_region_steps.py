@@ -28,8 +28,9 @@ _TOO_BIG, _STILL, _REBASE = 2, 3, 4
 class Record(NamedTuple):
     """One period of the whole fabric from ``t0``: for ``k`` in ``0 .. D`` the relative state at the
     start of cycle ``t0 + k`` (``queued``: per color the router FIFO's count plus 16 times the input
-    queue's, both at most :data:`MAX_DEPTH`, so that a record of the wafer's GEMM period fits; ``tx``: the output queue's colors from
-    its head, -1 past its count; ``free``: ``max(free_at - t, 0)`` of a live PE; ``index``: its element
+    queue's, both at most :data:`MAX_DEPTH`, so that a record of the wafer's GEMM period fits; ``tx``:
+    the output queue's colors from its head, -1 past its count; ``free``: ``max(free_at - t, 0)`` of a
+    live PE; ``index``: its element
     index; ``flags``: 1 its last element enters the output queue at ``t``, 2 done; ``write``: the
     color of its element issued at ``t - 1``, -1 none; ``pc``), and for ``k`` in ``0 .. D - 1`` what
     cycle ``t0 + k`` did (``grant``: the colors each router granted, as bits; ``act``: the cell
