@@ -75,8 +75,8 @@ from numba import njit
 from .network import TO_PE, TO_ROUTER
 from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
 from .replay_periods import _repeats
-from .replay_region_steps import (_REBASE, _STILL, _TOO_BIG, MAX_DEPTH, Record, _cell_hashes, _materialize, _record,
-                                  _region, new_record, record_bytes)
+from .replay_region_steps import (_REBASE, _RX_UNIT, _STILL, _TOO_BIG, MAX_DEPTH, Record, _cell_hashes, _materialize,
+                                  _record, _region, new_record, record_bytes)
 from .replay_state import new_events
 
 __all__ = ["RegionSearch", "REGION"]
@@ -123,8 +123,8 @@ def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: 
     k = t - t0
     bg = ~in_a
     queued = rec.queued[:, k][bg]
-    queues.router_fifo[bg] = queued & 15
-    queues.rx[bg] = queued >> 4
+    queues.router_fifo[bg] = queued % _RX_UNIT
+    queues.rx[bg] = queued // _RX_UNIT
     colors = queues.router_fifo.shape[1]
     queues.busy_fifos[:] = ((queues.router_fifo > 0).astype(np.int64) << np.arange(colors)).sum(axis=1)
     tx = rec.tx[:, k][bg]

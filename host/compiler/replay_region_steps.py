@@ -19,19 +19,21 @@ __all__ = ["Record", "new_record", "record_bytes"]
 
 #: Bytes of a record per cell and cycle, beside the queue counts (a byte per color) and the output queue.
 _CELL_BYTES = 4 + 4 + 1 + 1 + 4 + 4 + 1 + 1
-#: The deepest router FIFO or input queue a record holds: a color's two counts share a byte, four bits each.
-MAX_DEPTH = 15
+#: A record keeps a color's two queue counts in a byte: the router FIFO's plus this times the input queue's.
+_RX_UNIT = 16
+#: The deepest router FIFO or input queue a record holds (four bits each).
+MAX_DEPTH = _RX_UNIT - 1
 # Why a region replay ended (beside the replay's own results).
 _TOO_BIG, _STILL, _REBASE = 2, 3, 4
 
 
 class Record(NamedTuple):
     """One period of the whole fabric from ``t0``: for ``k`` in ``0 .. D`` the relative state at the
-    start of cycle ``t0 + k`` (``queued``: per color the router FIFO's count plus 16 times the input
-    queue's, both at most :data:`MAX_DEPTH`, so that a record of the wafer's GEMM period fits; ``tx``:
-    the output queue's colors from its head, -1 past its count; ``free``: ``max(free_at - t, 0)`` of a
-    live PE; ``index``: its element
-    index; ``flags``: 1 its last element enters the output queue at ``t``, 2 done; ``write``: the
+    start of cycle ``t0 + k`` (``queued``: per color the router FIFO's count plus :data:`_RX_UNIT`
+    times the input queue's, both at most :data:`MAX_DEPTH`, so that a record of the wafer's GEMM
+    period fits; ``tx``: the output queue's colors from its head, -1 past its count; ``free``:
+    ``max(free_at - t, 0)`` of a live PE; ``index``: its element index; ``flags``: 1 its last
+    element enters the output queue at ``t``, 2 done; ``write``: the
     color of its element issued at ``t - 1``, -1 none; ``pc``), and for ``k`` in ``0 .. D - 1`` what
     cycle ``t0 + k`` did (``grant``: the colors each router granted, as bits; ``act``: the cell
     granted, moved its output queue's head, popped or wrote; ``conf``: its router's conflicts);
@@ -196,7 +198,7 @@ def _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, fo
         same = pending[r] == rec.write[r, k] and cores.pc[r] == rec.pc[r, k] + base[r]
         c = 0
         while same and c < colors:
-            same = queues.router_fifo[r, c] + 16 * queues.rx[r, c] == rec.queued[r, k, c]
+            same = queues.router_fifo[r, c] + _RX_UNIT * queues.rx[r, c] == rec.queued[r, k, c]
             c += 1
         n = queues.tx_count[r]
         if same and n < depth:
@@ -265,9 +267,9 @@ def _materialize(queues, cores, events, t, k, rec, base, joiners, n, in_a):
         in_a[r] = True
         busy = 0
         for c in range(colors):
-            queues.router_fifo[r, c] = rec.queued[r, k, c] & 15
-            queues.rx[r, c] = rec.queued[r, k, c] >> 4
-            if (rec.queued[r, k, c] & 15) > 0:
+            queues.router_fifo[r, c] = rec.queued[r, k, c] % _RX_UNIT
+            queues.rx[r, c] = rec.queued[r, k, c] // _RX_UNIT
+            if (rec.queued[r, k, c] % _RX_UNIT) > 0:
                 busy |= 1 << c
         queues.busy_fifos[r] = busy
         m = 0
@@ -328,7 +330,7 @@ def _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pe
     for i in range(na):
         r = a_list[i]
         for c in range(colors):
-            rec.queued[r, k, c] = queues.router_fifo[r, c] + 16 * queues.rx[r, c]
+            rec.queued[r, k, c] = queues.router_fifo[r, c] + _RX_UNIT * queues.rx[r, c]
         at = queues.tx_head[r]
         for j in range(depth):
             if j < queues.tx_count[r]:
@@ -413,8 +415,8 @@ def _ring(queues, k, rec, a_list, na, in_a, t, ring_mark, ring, nbr_ptr, nbr):
                 ring[nr] = s
                 nr += 1
                 for c in range(colors):
-                    queues.router_fifo[s, c] = rec.queued[s, k, c] & 15
-                    queues.rx[s, c] = rec.queued[s, k, c] >> 4
+                    queues.router_fifo[s, c] = rec.queued[s, k, c] % _RX_UNIT
+                    queues.rx[s, c] = rec.queued[s, k, c] // _RX_UNIT
     return nr
 
 
