@@ -93,16 +93,18 @@ def _model(sizes):
     return nn.Sequential(*layers)
 
 
-def phase_arguments(parser, mesh, batch: int, png: str) -> None:
-    """The arguments of a one-phase measurement (``bench/region_replay.py``, ``bench/row_pace.py``):
-    ``--mesh``, ``--sizes``, ``--batch``, ``--phase``, ``--layout`` and ``--png`` (``png``: what it draws)."""
+def phase_arguments(parser, mesh, batch: int, png: str | None) -> None:
+    """The arguments of a one-phase measurement (``bench/region_replay.py``, ``bench/row_pace.py``,
+    ``bench/replay_stretches.py``): ``--mesh``, ``--sizes``, ``--batch``, ``--phase``, ``--layout`` and,
+    for a measurement that draws (``png``: what it draws), ``--png``."""
     parser.add_argument("--mesh", nargs=2, type=int, default=list(mesh), metavar=("W", "H"))
     parser.add_argument("--sizes", nargs="+", type=int, default=[4096, 4096, 4096, 10])
     parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--phase", default="fwd 0")
     parser.add_argument("--layout", choices=("spread", "cyclic"), default="spread",
                         help="a partial last round of features spread over the ring (default) or cyclic")
-    parser.add_argument("--png", help=png)
+    if png:
+        parser.add_argument("--png", help=png)
 
 
 def planned_phase(args):
@@ -119,8 +121,9 @@ def planned_phase(args):
         ([f"--batch {args.batch}"] if args.batch < 1 else [])
     if bad:
         raise UsageError(f"{', '.join(bad)}: expected positive integers (--mesh W H, --sizes of two or more)")
-    if args.png and not args.png.endswith(".png"):
-        raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
+    png = getattr(args, "png", None)
+    if png and not png.endswith(".png"):
+        raise UsageError(f"--png: {png!r}; expected a file name ending in .png")
     torch.manual_seed(0)
     config = FabricConfig(width=args.mesh[0], height=args.mesh[1])
     with _settings((weight_streaming, "SPREAD", getattr(args, "layout", "spread") == "spread")):

@@ -17,6 +17,7 @@ across the wafer's columns"):
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 import time
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv=None) -> int:
     from compile_speed import phase_arguments, planned_phase
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    phase_arguments(parser, (128, 994), 1024, "unused")
+    phase_arguments(parser, (128, 994), 1024, None)
     parser.add_argument("--bins", nargs="+", type=int, default=[10_000, 50_000, 210_000],
                         help="the cycles where the ranges after the first begin")
     args = parser.parse_args(argv)
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     def timed(self, routes, ports, ops_, queues, cores, events, scalars, limit, watch):
         first, began = int(scalars[_T]), time.thread_time()
         status = stretch(self, routes, ports, ops_, queues, cores, events, scalars, limit, watch)
-        at = max(i for i, edge in enumerate(edges) if edge <= first)
+        at = bisect.bisect_right(edges, first) - 1
         spent[at] += time.thread_time() - began
         replayed[at] += int(scalars[_T]) - first
         return status

@@ -36,6 +36,6 @@ def test_the_ranges_add_up_to_the_phase_and_the_count_is_the_cycle_models(capsys
 
     from wse.host.compiler import cycles
     parser = argparse.ArgumentParser()
-    phase_arguments(parser, (8, 8), 32, "")
+    phase_arguments(parser, (8, 8), 32, None)
     _, plan, _ = planned_phase(parser.parse_args(argv[:-4]))
     assert total["cycles"] == cycles.phase_cycles(plan, progress=False)[phase]
