@@ -381,3 +381,57 @@ def test_the_replays_rate_counts_plain_replay_only(monkeypatch):
     assert search.rates[3] == 200 and search.quiet == 1
     stop_at(750)
     assert search.rates[3] == 250
+
+
+def _period_end_read_in_full(ops, rec, period, base):
+    """:func:`~wse.host.compiler.replay_region_steps._period_end`'s answers from every cell's record
+    and op rows: shifts, closing, and the moving cells whose rows do not repeat one more period."""
+    from wse.host.compiler.replay_periods import _repeats
+    shift = rec.pc[:, period].astype(np.int64) - rec.pc[:, 0]
+    closed = (shift >= 0) & (rec.free[:, period] == rec.free[:, 0]) & (rec.index[:, period] == rec.index[:, 0]) & \
+        (rec.flags[:, period] == rec.flags[:, 0]) & (rec.write[:, period] == rec.write[:, 0]) & \
+        (rec.queued[:, period] == rec.queued[:, 0]).all(axis=1) & (rec.tx[:, period] == rec.tx[:, 0]).all(axis=1)
+    ends = rec.pc[:, period] + base
+    forced = [r for r in np.flatnonzero(shift > 0)
+              if _repeats(ops, ends[r:r + 1], shift[r:r + 1], 1) < 1]
+    return shift, closed, forced
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_period_end_reads_only_what_changed(seed):
+    """``_period_end`` reads from the record only the cells whose first or last phase was rewritten
+    since its last call and proves op rows many periods ahead: its shifts, closings and forced
+    cells equal a full read's at every period's end, over periods in which random cells' phases
+    are rewritten (their shifts, states and op rows with them), op rows stop repeating here and
+    there, and cells left untouched move on past the span their rows were proven for."""
+    from wse.host.compiler.replay_region_steps import _period_end, new_record
+    rng = np.random.default_rng(seed)
+    cells, colors, depth, period = 60, 3, 2, 5
+    pattern = rng.integers(0, 3, (7, 6))
+    ops = np.tile(pattern, (400, 1)).astype(np.int32)
+    ops[rng.integers(20, ops.shape[0], 6)] = 9            # rows where a repeat breaks
+    rec = new_record(period, cells, colors, depth, 1)
+
+    def rewrite(who):
+        start = rng.integers(0, 200, who.shape[0])
+        rec.pc[who, 0] = start
+        rec.pc[who, period] = start + rng.choice([-1, 0, 7, 7, 14, 3], who.shape[0])
+        for field in (rec.queued, rec.tx, rec.free, rec.index, rec.flags, rec.write):
+            field[who, period] = field[who, 0]
+            odd = who[rng.random(who.shape[0]) < 0.3]
+            field[odd, period] = field[odd, 0] + 1
+
+    rewrite(np.arange(cells))
+    base = np.zeros(cells, np.int64)
+    ends, touched, proven = np.zeros((cells, 3), np.int64), np.zeros(cells, np.bool_), np.zeros((cells, 3), np.int64)
+    forced = np.empty(cells, np.int32)
+    for call in range(100):
+        n = _period_end(ops, rec, period, base, ends, touched, call == 0, forced, proven)
+        shift, closed, expected = _period_end_read_in_full(ops, rec, period, base)
+        assert (ends[:, 0] == shift).all() and ((ends[:, 2] == 1) == closed).all(), call
+        assert sorted(forced[:n]) == expected, call
+        assert not touched.any()
+        base += ends[:, 0]
+        who = np.flatnonzero(rng.random(cells // 2) < 0.3)       # the other half moves on untouched
+        rewrite(who)
+        touched[who] = True

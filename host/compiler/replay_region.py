@@ -70,13 +70,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from numba import njit
 
 from .network import TO_PE, TO_ROUTER
 from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
-from .replay_periods import _repeats
 from .replay_region_steps import (_REBASE, _RX_UNIT, _STILL, _TOO_BIG, MAX_DEPTH, Record, _cell_hashes, _materialize,
-                                  _record, _region, new_record, record_bytes)
+                                  _period_end, _record, _region, new_record, record_bytes)
 from .replay_state import new_events
 
 __all__ = ["RegionSearch", "REGION"]
@@ -151,16 +149,6 @@ def _settle(queues, cores, events, ports, scalars, rec: Record, base, in_a, t0: 
     scalars[_FIFOS] = int((queues.router_fifo > 0).sum())
     scalars[_TX] = int(queues.tx_count.astype(np.int64).sum())
     scalars[_TO_INJECT] = int(ports.left.sum())
-
-
-@njit(cache=True, nogil=True)
-def _repeat_once(ops, pcs, shifts):
-    """For each ``(pc, d)``: 1 if ``ops[y] == ops[y - d]`` for ``y`` in ``pc .. pc + d`` (its op rows
-    repeat for one more period, :func:`.replay_periods._repeats`), else 0."""
-    out = np.zeros(pcs.shape[0], np.int64)
-    for i in range(pcs.shape[0]):
-        out[i] = _repeats(ops, pcs[i:i + 1], shifts[i:i + 1], 1)
-    return out
 
 
 def neighbours(routes) -> tuple[np.ndarray, np.ndarray]:
@@ -295,35 +283,29 @@ class RegionSearch:
             return status
         began = t0 + period
         base = np.zeros(cells, np.int64)
+        # Kept by _period_end from one period's end to the next: per cell its shift, where it stands and
+        # whether its period closes, the cells whose entries the region replay rewrote, the op rows
+        # proven to repeat; and the cells whose op rows do not repeat the period's.
+        ends, touched, proven = np.zeros((cells, 3), np.int64), np.zeros(cells, np.bool_), np.zeros((cells, 3), np.int64)
+        forced = np.empty(cells, np.int32)
         in_a = None
         while True:         # rec holds the period from t0; it becomes the record of the next one
-            shift = rec.pc[:, period].astype(np.int64) - rec.pc[:, 0]
-            closed = (shift >= 0) & (rec.free[:, period] == rec.free[:, 0]) & \
-                (rec.index[:, period] == rec.index[:, 0]) & (rec.flags[:, period] == rec.flags[:, 0]) & \
-                (rec.write[:, period] == rec.write[:, 0])
-            for table in (rec.queued, rec.tx):
-                closed &= (table[:, period] == table[:, 0]).all(axis=1)
+            n = _period_end(ops, rec, period, base, ends, touched, in_a is None, forced, proven)
+            shift, closed = ends[:, 0], ends[:, 2] == 1
             if in_a is None:
                 in_a = ~closed
                 if in_a.sum() > MAX_SHARE * cells:      # too many PEs whose recorded period does not close
                     self.runs.append((began, began, "open"))
                     return _STOPPED
-            moving = np.flatnonzero(shift > 0)
-            ends = rec.pc[moving, period] + base[moving]       # where each moving PE stands at the period's end
-            keys, inverse = np.unique(ends * (int(shift.max(initial=0)) + 1) + shift[moving], return_inverse=True)
-            first = np.zeros(keys.shape[0], np.int64)
-            first[inverse] = np.arange(moving.shape[0])
-            repeats = _repeat_once(ops, ends[first], shift[moving[first]])
-            forced = moving[repeats[inverse] < 1] if moving.shape[0] else moving
             wrap = np.flatnonzero(~closed & ~in_a).astype(np.int32)
             if wrap.shape[0]:       # a background cell whose period does not close is stepped from here
                 _materialize(queues, cores, events, int(scalars[_T]), period, rec, base, wrap, wrap.shape[0], in_a)
             base += shift
             t0 += period
             status = _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period,
-                             rec, base, forced.astype(np.int32), np.flatnonzero(~closed).astype(np.int32),
+                             rec, base, forced[:n], np.flatnonzero(~closed).astype(np.int32),
                              conf_count, conf_cells, act_total, conf_total, *self._nbr, in_a,
-                             int(MAX_SHARE * cells), self.stats, self.trace)
+                             int(MAX_SHARE * cells), self.stats, self.trace, touched)
             if status != _REBASE or (SETTLE and not in_a.any()):
                 break
         _settle(queues, cores, events, ports, scalars, rec, base, in_a, t0)
