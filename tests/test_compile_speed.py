@@ -492,23 +492,41 @@ def test_closing_cycles_of_any_length_give_the_full_replay_count(case, seed):
         assert memo.hits == hits + 1, name
 
 
-def test_distinct_replays_start_longest_first_with_the_same_counts(monkeypatch):
-    """The threads take the distinct replays in decreasing replay volume (PEs times the
-    longest PE's own cycles); the counts are those of one thread and of the reference."""
+def test_replays_start_as_their_tables_come_then_longest_first_with_the_same_counts(monkeypatch):
+    """A replay starts as soon as its op table is built, while the next tables are built; a free
+    thread then takes the longest replay whose table is ready (replay volume: PEs times the longest
+    PE's own cycles); the counts are those of one thread, two threads and the reference."""
+    import threading
+
     from wse.host.compiler import cycles
     torch.manual_seed(0)
     exe_plan = plan(trace(mlp(6, 24, 24, 3), torch.randn(5, 6)), FabricConfig(width=3, height=2), 5)
     ops = np.array([[0, 5, 0, 0, 0, 0], [2, 7, 1, -1, -1, 0], [1, 0, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0]])
     assert cycles.replay_volume(ops, np.array([0, 2, 3]), np.array([4, 4, 4])) == 3 * 12
+    network = cycles.Network(exe_plan.config, exe_plan.routes)
     started, real = [], cycles._replay_exits
+    first_started, all_built = threading.Event(), threading.Event()
+
+    def tables():
+        for k, (name, phase) in enumerate(exe_plan.phases.items()):
+            yield name, cycles.phase_ops(exe_plan, phase), cycles.phase_injections(phase)
+            if k == 0:
+                assert first_started.wait(60)       # the first replay runs before the second table is built
+        all_built.set()         # after the loop took the last table: every replay is queued
 
     def spy(network, ops, starts, ends, inject, **kwargs):
-        started.append(cycles.replay_volume(ops, starts, ends))
+        started.append((cycles.replay_volume(ops, starts, ends), all_built.is_set()))
+        first_started.set()
+        assert all_built.wait(60)
         return real(network, ops, starts, ends, inject, **kwargs)
     monkeypatch.setattr(cycles, "_replay_exits", spy)
     monkeypatch.setattr(cycles, "MEMO", cycles.ReplayMemo())
-    one = cycles.phase_cycles(exe_plan, progress=False, workers=1)
-    assert len(started) >= 4 and started == sorted(started, reverse=True)
+    one = cycles._replay_phases(network, tables(), len(exe_plan.phases), periods=True, reuse=True, engine=None,
+                                progress=False, workers=1)
+    volumes = [volume for volume, _ in started]
+    assert len(started) >= 4 and not started[0][1] and all(built for _, built in started[1:])
+    assert volumes[1:] == sorted(volumes[1:], reverse=True) and volumes[0] < max(volumes)
+    monkeypatch.setattr(cycles, "_replay_exits", real)
     monkeypatch.setattr(cycles, "MEMO", cycles.ReplayMemo())
     assert one == cycles.phase_cycles(exe_plan, progress=False, workers=2) == \
         cycles.phase_cycles(exe_plan, periods=False, reuse=False, progress=False, engine="reference")

@@ -41,7 +41,9 @@ phases, in any process, reads them instead of replaying.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
+import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -208,9 +210,10 @@ def replay_volume(ops, starts, ends) -> int:
     return int((total[ends] - total[starts]).max()) * int(starts.shape[0])
 
 
-def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engine: str | None,
+def _replay_phases(network: Network, phases, count: int, *, periods: bool, reuse: bool, engine: str | None,
                    progress: bool, workers: int | None) -> dict[str, int]:
-    """Cycles of ``phases`` (``(name, (ops, starts, ends), inject)``), each distinct replay once.
+    """Cycles of ``phases`` (``(name, (ops, starts, ends), inject)``, ``count`` of them), each
+    distinct replay once.
 
     ``phases`` may be a generator: each phase's op table is taken one at a time and
     kept only while a replay needs it (a phase whose count is known already is
@@ -219,54 +222,80 @@ def _replay_phases(network: Network, phases, *, periods: bool, reuse: bool, engi
     ones half of that). Phases whose inputs equal an earlier one's (in this call or, with ``reuse``,
     in :data:`MEMO`) share its count; the distinct replays run on ``workers``
     threads (the compiled loops release the GIL; every replay has its own state,
-    and a replay's count does not depend on which thread runs it)."""
+    and a replay's count does not depend on which thread runs it). A replay starts as soon as its
+    table is built and a thread is free, while the next tables are built (on the 750x994 mesh the
+    nine tables took 208 s on one thread before any replay began); a free thread takes the longest
+    replay whose table is ready (:func:`replay_volume`)."""
     from . import cycle_cache
     from .progress import Progress
 
-    out, todo, names, order_of = {}, {}, {}, []
+    out, todo, names, results, order_of = {}, {}, {}, {}, []
     disk = cycle_cache.open_cache(network) if reuse else None      # replays kept across processes
     tally = cycle_cache.TALLY
-    for name, (ops, starts, ends), inject in phases:
-        order_of.append(name)
-        if reuse:           # the inputs without the closing cycles (closing_cycles), shared where equal
-            key = MEMO.key(network, ops, starts, ends, inject)
-            hit = MEMO.get(key)
-            if hit is None and disk is not None and (stored := disk.get(key)) is not None:
-                MEMO.put(key, stored)
-                tally.cached += 1
-                hit = MEMO.finish(stored, key)
-            elif hit is not None:
-                tally.shared += 1
-            if hit is not None:
-                out[name] = hit
-                continue
-            digest, replayed = key[0], key[3]
-        else:               # every phase replayed as it is
-            key, digest, replayed = None, name, ops
-        todo.setdefault(digest, (key, (network, replayed, starts, ends, inject)))
-        # Only the replay's own key keeps its tables; a phase of the same inputs keeps its closing
-        # cycles (all MEMO.finish reads), so a table no replay needs goes now, not after the loop.
-        names.setdefault(digest, []).append((name, key if key is None or todo[digest][0] is key
-                                             else (digest, None, key[2], None)))
-        del ops, replayed, key
-    total = len(out) + sum(len(n) for n in names.values())
-    with Progress("cycle model", total, enabled=progress) as bar, \
-            ThreadPoolExecutor(_workers(len(todo), workers)) as pool:
-        for name in out:
+    ready: list = []                # (-volume, order, digest) of the replays whose tables are built
+    lock = threading.Lock()
+
+    def replay_next():
+        with lock:
+            digest = heapq.heappop(ready)[2]
+        return digest, _replay_exits(*todo[digest][1], periods=periods, engine=engine)
+
+    def finished(digest, result) -> None:
+        if reuse:
+            MEMO.put(todo[digest][0], result)
+            tally.replayed += 1
+            tally.stored += disk is not None and disk.put(todo[digest][0], result)
+        results[digest] = result
+        for name, key in names.pop(digest):
+            out[name] = MEMO.finish(result, key) if reuse else int(result[0])
             bar.step(name)
-        order = sorted(todo, key=lambda d: -replay_volume(*todo[d][1][1:4]))     # longest first
-        running = {pool.submit(_replay_exits, *todo[digest][1], periods=periods, engine=engine): digest
-                   for digest in order}
-        for done in as_completed(running):
-            digest = running[done]
-            result = done.result()
-            if reuse:
-                MEMO.put(todo[digest][0], result)
-                tally.replayed += 1
-                tally.stored += disk is not None and disk.put(todo[digest][0], result)
-            for name, key in names[digest]:
-                out[name] = MEMO.finish(result, key) if reuse else int(result[0])
-                bar.step(name)
+        del todo[digest]            # its tables go with it
+
+    with Progress("cycle model", count, enabled=progress) as bar, \
+            ThreadPoolExecutor(_workers(count, workers)) as pool:
+        running = set()
+        try:
+            for name, (ops, starts, ends), inject in phases:
+                order_of.append(name)
+                if reuse:           # the inputs without the closing cycles (closing_cycles), shared where equal
+                    key = MEMO.key(network, ops, starts, ends, inject)
+                    digest, replayed = key[0], key[3]
+                else:               # every phase replayed as it is
+                    key, digest, replayed = None, name, ops
+                if digest in results:           # its inputs' replay ran in this call
+                    out[name] = MEMO.finish(results[digest], key) if reuse else int(results[digest][0])
+                    bar.step(name)
+                    continue
+                if reuse and digest not in todo:
+                    hit = MEMO.get(key)
+                    if hit is None and disk is not None and (stored := disk.get(key)) is not None:
+                        MEMO.put(key, stored)
+                        tally.cached += 1
+                        hit = MEMO.finish(stored, key)
+                    elif hit is not None:
+                        tally.shared += 1
+                    if hit is not None:
+                        out[name] = hit
+                        bar.step(name)
+                        continue
+                if digest not in todo:
+                    todo[digest] = (key, (network, replayed, starts, ends, inject))
+                    with lock:
+                        heapq.heappush(ready, (-replay_volume(replayed, starts, ends), len(order_of), digest))
+                    running.add(pool.submit(replay_next))
+                # Only the replay's own key keeps its tables; a phase of the same inputs keeps its closing
+                # cycles (all MEMO.finish reads), so a table no replay needs goes now, not after the loop.
+                names.setdefault(digest, []).append((name, key if key is None or todo[digest][0] is key
+                                                     else (digest, None, key[2], None)))
+                del ops, replayed, key
+                for done in [f for f in running if f.done()]:
+                    running.discard(done)
+                    finished(*done.result())
+            for done in as_completed(running):
+                finished(*done.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     if disk is not None and disk.wrote:
         disk.trim()
     return {name: out[name] for name in order_of}
@@ -344,8 +373,8 @@ def phase_cycles(plan, program: Program | None = None, *, periods: bool = True,
     """
     network = Network(plan.config, plan.routes)
     phases = ((name, phase_ops(plan, phase), phase_injections(phase)) for name, phase in plan.phases.items())
-    return _replay_phases(network, phases, periods=periods, reuse=reuse, engine=engine, progress=progress,
-                          workers=workers)
+    return _replay_phases(network, phases, len(plan.phases), periods=periods, reuse=reuse, engine=engine,
+                          progress=progress, workers=workers)
 
 
 def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse: bool = True,
@@ -361,5 +390,5 @@ def executable_cycles(exe, *, periods: bool = True, progress: bool = True, reuse
     network = Network(exe.config, exe.routes)
     phases = ((name, executable_phase_ops(exe, images[phase.ops_addr]), phase_injections(phase))
               for name, phase in exe.phases.items())
-    return _replay_phases(network, phases, periods=periods, reuse=reuse, engine=engine, progress=progress,
-                          workers=workers)
+    return _replay_phases(network, phases, len(exe.phases), periods=periods, reuse=reuse, engine=engine,
+                          progress=progress, workers=workers)
