@@ -545,10 +545,12 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
             break
         _join(queues, cores, events, t, k, rec, base, a_list, a_count, new_a, na, mark, in_a, ring)
         a_count = na
-        _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pending)
+        # Only the deviant cells' entries change: a stepped cell that is not deviant, and a joiner
+        # (given the record's state), holds the record's state already (the fields _deviants compares).
+        _capture(queues, cores, events, ports, t, k, rec, base, dev, nd, in_a, pending)
         if k == 0:
-            for i in range(na):
-                touched[a_list[i]] = True
+            for i in range(nd):
+                touched[dev[i]] = True
         stats[0] += 1
         stats[1] += na
         stats[2] += nd
