@@ -533,6 +533,7 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
                 dev[nd] = conf_cells[k, i]
                 nd += 1
         na = _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr)
+        new_a[:na].sort()       # in memory order: neighbouring cells share cache lines (the events' order is free)
         bg_act, bg_conf = act_total[k], conf_total[k]
         for i in range(na):
             bg_act -= rec.act[new_a[i], k]
