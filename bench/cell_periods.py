@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from wse.host.compiler import cycles
     from wse.host.compiler.replay import _OUT_OF_TIME, _edge_ports, _new_scalars, _new_state, _run
     from wse.host.compiler.replay_periods import _snapshot
-    from wse.host.compiler.replay_region_steps import _cell_hashes
+    from wse.host.compiler.replay_region import RegionSearch
     config, plan, phase = planned_phase(args)
     ops, starts, ends = cycles.phase_ops(plan, phase)
     ops = np.ascontiguousarray(ops, dtype=np.int32)
@@ -70,9 +70,7 @@ def main(argv=None) -> int:
         for t in range(at - 2 * args.longest, at + 1):
             if _run(routes, ports, ops, queues, cores, events, scalars, t, -1) != _OUT_OF_TIME:
                 raise UsageError(f"--at {at}: the phase {args.phase!r} ends before it")
-            rel = _snapshot(queues, cores, events, ports, t, colors, scalars)["rel"]
-            hashes.append(_cell_hashes(rel["fifo"], rel["rx"], rel["tx"], rel["done"], rel["free"], rel["index"],
-                                       rel["written"], rel["writes"]))
+            hashes.append(RegionSearch._signature(_snapshot(queues, cores, events, ports, t, colors, scalars)))
             pcs.append(cores.pc.copy())
         best = cell_periods(np.array(hashes), np.array(pcs), args.longest).reshape(height, width)
         edges = np.linspace(0, height, min(args.bands, height) + 1).astype(int)

@@ -14,6 +14,7 @@ from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP, _RUNNING, _STOPPED, _T, _TARGETS,
                      _TX_MOVE, _WRITE, _apply_grants, _apply_injections, _apply_pe_queues, _apply_tx_moves,
                      _grant_injections, _grant_router, _grant_tx_move, _push_fifo, _run_packed, _step_pes)
+from .replay_periods import _repeats
 
 __all__ = ["Record", "new_record", "record_bytes"]
 
@@ -321,8 +322,10 @@ def _join(queues, cores, events, t, k, rec, base, a_list, a_count, new_a, na, ma
 
 @njit(cache=True, nogil=True)
 def _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pending):
-    """Row ``k`` of the record for the stepped cells and their edge ports: their true state at the
-    start of cycle ``t`` (the record becomes the period just stepped, :func:`_region`)."""
+    """Row ``k`` of the record for the cells ``a_list[:na]`` and the edge ports of the stepped cells
+    (``in_a``): their true state at the start of cycle ``t`` (the record becomes the period just
+    stepped, :func:`_region`, which passes the deviant cells in mid-period and every stepped cell
+    at its end)."""
     colors = queues.router_fifo.shape[1]
     depth = queues.tx_colors.shape[1]
     for g in range(events.count[_WRITE]):
@@ -600,12 +603,13 @@ def _period_end(ops, rec, period, base, ends, touched, first, forced, proven):
     moved on by it since). ``proven[r]`` is ``(d, first, last)``: rows ``first .. last`` of
     ``ops`` equal the rows ``d`` before them; a cell whose next period lies inside that span needs
     no look at its op rows, else they are compared from where it stands for up to
-    :data:`_PROVE_AHEAD` periods and the span kept (zeros at the first call). The same answers as
+    :data:`_PROVE_AHEAD` periods (:func:`.replay_periods._repeats`) and the whole periods that
+    repeat kept as the span (zeros at the first call). The same answers as
     reading every cell's record and op rows at every call, at a fraction of the memory traffic
     (that read a cache line per field and cell: 14 ms a period on 128x994)."""
     cells = rec.pc.shape[0]
     colors, depth = rec.queued.shape[2], rec.tx.shape[2]
-    rows, fields = ops.shape
+    at, step = np.zeros(1, np.int64), np.zeros(1, np.int64)     # one cell's row and shift for _repeats
     n = 0
     for r in range(cells):
         if first or touched[r]:
@@ -628,15 +632,8 @@ def _period_end(ops, rec, period, base, ends, touched, first, forced, proven):
         if d <= 0:
             continue
         if not (proven[r, 0] == d and proven[r, 1] <= end and end + d <= proven[r, 2]):
-            y = end
-            while y <= end + _PROVE_AHEAD * d and y < rows:
-                f = 0
-                while f < fields and ops[y, f] == ops[y - d, f]:
-                    f += 1
-                if f < fields:
-                    break
-                y += 1
-            proven[r, 0], proven[r, 1], proven[r, 2] = d, end, y - 1
+            at[0], step[0] = end, d
+            proven[r, 0], proven[r, 1], proven[r, 2] = d, end, end + _repeats(ops, at, step, _PROVE_AHEAD) * d
         if end + d > proven[r, 2]:
             forced[n] = r
             n += 1
