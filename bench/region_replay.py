@@ -15,7 +15,9 @@ the disturbance across the last row.
     .venv/bin/python bench/region_replay.py --mesh 64 64 --sizes 2048 2048 2048 10 --batch 512 --any-mesh
 
 ``--any-mesh`` lets the region replay try meshes under its size rule
-(``replay_region.MIN_CELLS``).
+(``replay_region.MIN_CELLS``); ``--margin 2`` steps two hops around the deviant PEs
+instead of one (``replay_region.MARGIN``; ``spilled`` counts the PEs that joined the
+stepped ones by a spill).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _replay(network, inputs, region: bool, trace_rows: int):
 def _picture(path: str, trace: np.ndarray, cells: int, title: str) -> None:
     from compile_speed import figure
     with figure(path, (9, 4)) as (_, ax):
-        ax.plot(trace[:, 0], trace[:, 1], lw=0.6, label="PEs stepped (two hops around the deviant ones)")
+        ax.plot(trace[:, 0], trace[:, 1], lw=0.6, label="PEs stepped (one hop around the deviant ones)")
         ax.plot(trace[:, 0], trace[:, 2], lw=0.6, label="deviant PEs")
         ax.axhline(cells, color="grey", ls="--", lw=0.8, label=f"the mesh: {cells:,} PEs (the full replay)")
         ax.set_yscale("log")
@@ -70,11 +72,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     phase_arguments(parser, (128, 128), 1024, "draw the stepped PEs a cycle into this PNG file")
     parser.add_argument("--any-mesh", action="store_true", help="try meshes under the region replay's size rule")
+    parser.add_argument("--margin", type=int, choices=(1, 2), default=None,
+                        help="hops around the deviant PEs stepped (default: replay_region.MARGIN)")
     args = parser.parse_args(argv)
     from wse.host.compiler import cycles, replay_region
     config, the_plan, phase = planned_phase(args)
     if args.any_mesh:
         replay_region.MIN_CELLS = 1
+    if args.margin is not None:
+        replay_region.MARGIN = args.margin
     ops, starts, ends = cycles.phase_ops(the_plan, phase)
     inputs = (cycles.closing_cycles(ops, starts, ends)[0], starts, ends, cycles.phase_injections(phase))
     network = cycles.Network(config, the_plan.routes)
@@ -82,7 +88,7 @@ def main(argv=None) -> int:
     _replay(network, inputs, True, 1)                  # load the compiled loops before anything is timed
     (count, exits), cpu, search = _replay(network, inputs, True, 1 << 20)
     (count_off, exits_off), cpu_off, _ = _replay(network, inputs, False, 0)
-    stats = search.stats if search is not None else np.zeros(4, np.int64)
+    stats = search.stats if search is not None else np.zeros(5, np.int64)
     rows = search.trace[:int(stats[3])] if search is not None else np.zeros((0, 3), np.int64)
     record = {"mesh": f"{config.width}x{config.height}", "sizes": args.sizes, "batch": args.batch,
               "phase": args.phase, "cycles": int(count), "pes": cells, "cpu_s": round(cpu, 3),
@@ -92,7 +98,8 @@ def main(argv=None) -> int:
               "region_cycles": int(stats[0]),
               "stepped_mean": round(float(stats[1]) / max(int(stats[0]), 1), 1),
               "stepped_max": int(rows[:, 1].max()) if rows.shape[0] else 0,
-              "deviant_mean": round(float(stats[2]) / max(int(stats[0]), 1), 1)}
+              "deviant_mean": round(float(stats[2]) / max(int(stats[0]), 1), 1),
+              "margin": replay_region.MARGIN, "spilled": int(stats[4])}
     if args.png and rows.shape[0]:
         _picture(args.png, rows, cells, f"region replay, {record['mesh']}, {args.phase} "
                                         f"({record['region_cycles']:,} cycles stepped as a region)")

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlps import mlp
 
-from wse.config import FabricConfig
+from wse.config import FabricConfig, Port
+from wse.firmware.timing_ops import BUSY, END, RECV, VEC
 from wse.host.compiler import replay_region, trace
 from wse.host.compiler import replay as engine
 from wse.host.compiler.cycles import Network, phase_injections, phase_ops
@@ -291,6 +292,82 @@ def test_a_port_unlike_the_record_keeps_its_router_stepped(monkeypatch, searches
         on = _counts(network, inputs, True, monkeypatch)
         assert off[0] == 1680 and on[0] == off[0] and np.array_equal(on[1], off[1])
         assert any(end > first for search in searches for first, end, _ in search.runs)
+
+
+# A stepped cell's grants unlike the record's, into a cell outside the stepped ones ---------------
+
+def _crossing_streams(width, height, n, early, at, pace, last_pace):
+    """A hand-made network where the region replay's spill happens (:func:`.replay_region_steps._spill`):
+    color 0 streams from the west edge along every row to every PE, color 1 from the north edge down
+    every column to every PE but the last column's, which only passes it south. A PE takes one
+    wavelet of each in one vector element and then ``pace`` private cycles; the last column's take
+    color 0 alone, then ``last_pace`` private cycles (the rows' bottleneck). PE ``early`` (in the
+    last column) takes one wavelet early, at its iteration ``at``, and one fewer at the end: room in
+    its router a cycle sooner lets its west neighbour's color 0 take the ramp port from its color 1,
+    which then reaches the cell south of it later than the record says, two hops from the cell that
+    deviates. Returns ``(network, (ops, starts, ends, inject))``."""
+    routes = []
+    for y in range(height):
+        for x in range(width):
+            last = x == width - 1
+            routes.append((x, y, 0, Port.W, (Port.RAMP,) if last else (Port.RAMP, Port.E)))
+            routes.append((x, y, 1, Port.N, (Port.S,) if last else (Port.RAMP, Port.S)))
+    table, starts, ends = [], [], []
+    for pe in range(width * height):
+        starts.append(len(table))
+        for i in range(n):
+            if pe % width < width - 1:
+                table += [(VEC, 1, 0, 1, -1, 0), (BUSY, pace, 0, 0, 0, 0)]
+            elif not (pe == early and i == n - 1):
+                table += [(RECV, 0, 0, 0, 0, 0), (BUSY, last_pace, 0, 0, 0, 0)]
+            if pe == early and i == at:
+                table.append((RECV, 0, 0, 0, 0, 0))
+        table.append((END, 0, 0, 0, 0, 0))
+        ends.append(len(table))
+    inject = {**{("W", y): {0: n} for y in range(height)}, **{("N", x): {1: n} for x in range(width)}}
+    network = Network(FabricConfig(width=width, height=height), routes)
+    return network, (np.array(table, np.int32), np.array(starts), np.array(ends), inject)
+
+
+# (width, height, early PE, pace, last pace, first cycle): 16-cycle periods, the early take at iteration 150
+SPILLS = [(5, 7, 9, 0, 3, 580), (8, 8, 15, 1, 3, 599), (5, 7, 9, 1, 3, 589)]
+
+
+@pytest.mark.parametrize("case", SPILLS)
+def test_a_grant_unlike_the_record_outside_the_stepped_cells_spills_into_them(case, monkeypatch):
+    """With a one-hop margin a stepped cell's grant can differ from the record's into a cell outside
+    the margin: that cell joins with the record's next state and the difference (a spill), and the
+    state where the region replay ends is the reference replay's (without the spill it is not: its
+    queues, PEs and counters differ). With two hops nothing spills, and the state is the same too."""
+    width, height, early, pace, last_pace, t0 = case
+    network, inputs = _crossing_streams(width, height, 400, early, 150, pace, last_pace)
+    monkeypatch.setattr(replay_region, "MAX_SHARE", 1.0)
+    for margin in (1, 2):
+        monkeypatch.setattr(replay_region, "MARGIN", margin)
+        run = _Run(network, *inputs)
+        assert run.run_to(t0) == engine._OUT_OF_TIME
+        search = replay_region.RegionSearch(run.routes, run.ports, run.ops)
+        assert search._attempt(16, run.queues, run.cores, run.events, run.scalars, 1 << 40) == engine._STOPPED
+        reached = run.state()
+        reference = _Run(network, *inputs)
+        assert reference.run_to(reached["t"]) == engine._OUT_OF_TIME
+        assert not _differences(reached, reference.state()), (margin, _differences(reached, reference.state()))
+        (first, end, why), = search.runs
+        assert end - first > 8 and search.stats[2] > 0, search.runs
+        assert (search.stats[4] > 0) == (margin == 1), search.stats
+
+
+def test_counts_are_the_same_with_spills(monkeypatch, searches):
+    """The hand-made network of the spills, every try eager: the same cycles and last cycles with and
+    without regions, and the region replays spilled."""
+    for name, value in {**_EAGER, "MAX_SHARE": 1.0}.items():
+        monkeypatch.setattr(replay_region, name, value)
+    network, inputs = _crossing_streams(8, 8, 200, 15, 100, 1, 3)
+    off = _counts(network, inputs, False, monkeypatch)
+    searches.clear()
+    on = _counts(network, inputs, True, monkeypatch)
+    assert on[0] == off[0] and np.array_equal(on[1], off[1])
+    assert sum(int(search.stats[4]) for search in searches) > 0, [search.stats for search in searches]
 
 
 # Budgets and limits --------------------------------------------------------------------------

@@ -23,9 +23,10 @@ function of its own state at ``t``, the queue counts of its neighbours (the
 targets of its routes: room for its grants), the grants of its neighbours
 into it (each a function of that neighbour's state and its targets'
 counts), the op rows it reads, the rotation ``t mod colors`` and its edge
-ports' colors left. So a cell whose state and whose neighbours' and their
-neighbours' states at ``t`` equal ``R(t)`` has the state ``R(t + 1)`` at
-``t + 1``, provided its own cycle is the record's: its op rows from its
+ports' colors left. So a cell whose state and whose neighbours' states at
+``t`` equal ``R(t)`` takes the record's decisions in cycle ``t`` (and has
+the state ``R(t + 1)`` at ``t + 1`` if its neighbours' grants into it are
+the record's too), provided its own cycle is the record's: its op rows from its
 ``pc`` repeat the recorded ones (checked per cell at each period's start:
 ``forced``), its grants do not depend on the rotation (no conflict at its
 router in the recorded cycle, or ``D`` a multiple of ``colors``), its edge
@@ -34,16 +35,28 @@ period's last phase its recorded period is *closed* (its state at ``t0 +
 D`` is its state at ``t0`` with the shift; a cell whose period does not
 close is stepped from the next period's start, given its true state, the
 record's last row). A cell that breaks one of these is *deviant* at ``t``,
-and so is a stepped cell whose state differs from ``R(t)``. So if every
-cell within two hops of a deviant cell is stepped, by induction over ``t``
-every other cell has the state ``R(t)``: the stepped set ``A`` is
-recomputed each cycle as the two-hop neighbourhood of the deviant cells (a
-cell joining it is given ``R(t)``, its true state; a cell leaving it is not
-deviant, so its state is ``R(t)``), the cells one hop outside ``A`` show it
-the recorded queue counts and send it the recorded grants (theirs, as they
-are not deviant and nor is anyone they send to), the background's edge ports
-inject what they injected in the record, and ``A`` steps with the replay's
-own functions. At the period's end every cell's entries hold its true
+and so is a stepped cell whose state differs from ``R(t)``. The stepped
+set ``A`` is recomputed each cycle as the cells within one hop
+(:data:`MARGIN`) of the deviant ones (a cell joining it is given ``R(t)``,
+its true state; a cell leaving it is not deviant, so its state is
+``R(t)``). A cell outside ``A`` has no deviant neighbour, so its own cycle
+is the record's: its grants, its PE's ops and its edge ports' injections.
+The cells one hop outside ``A`` show it the recorded queue counts and send
+it the recorded grants, the background's edge ports inject what they
+injected in the record, and ``A`` steps with the replay's own functions.
+What a cell outside ``A`` receives from ``A`` can still differ from the
+record: a cell of ``A`` next to a deviant one may find room (or none) there
+that the record did not, and a color that then takes its ramp port (or
+leaves it free) changes its grant of another color that shares the port
+into a cell outside ``A``. That cell's state at ``t + 1`` is then ``R(t +
+1)`` with a wavelet more or less of each such color in its queues; it is
+given that state and joins ``A`` (a *spill*, from each stepped cell's
+grants against its recorded ones). So by induction over ``t`` every cell
+outside ``A`` has the state ``R(t)``. (With two hops, the rule before, every
+cell a deviant one can reach in a cycle is stepped and nothing spills; the
+weight-streaming layouts route no color to two routers, and none of their
+phases measured spilled: ``tests/test_replay_region.py`` builds a network
+where spills happen.) At the period's end every cell's entries hold its true
 states over the period (rewritten where it was stepped, the record's,
 which were true, where it was not): a true trajectory of the whole fabric
 over one period, which is all the rule asks of a record. The counters
@@ -106,6 +119,11 @@ MIN_CELLS = 8192
 #: End the region replay at a period's end where no PE is stepped (the whole state is then the record's,
 #: and the period search skips what repeats).
 SETTLE = True
+#: The hops around the deviant cells that the region replay steps (module docstring): 1, the cells
+#: further out into which a stepped cell grants other colors than the record's joining at the next
+#: cycle (:func:`.replay_region_steps._spill`); 2 steps every cell whose state a deviant one can reach
+#: in a cycle (the rule before; tests compare both).
+MARGIN = 1
 #: The cycles a record takes phase first before they are copied into it (:func:`.replay_region_steps._record`).
 STAGE = 8
 #: The most bytes a record may take: the wafer's streamed GEMM (750x994, a 106-cycle period whose fill a
@@ -199,7 +217,8 @@ class RegionSearch:
         self.rates = np.zeros(4)        # CPU seconds and cycles: of the tries, of the replay between the stops
         self._since = None
         self.runs: list = []
-        self.stats = np.zeros(4, np.int64)      # cycles the region replay stepped, cells it stepped, deviant cells
+        # Cycles the region replay stepped, cells it stepped, deviant cells, trace rows, cells spilled into.
+        self.stats = np.zeros(5, np.int64)
         self.trace = np.zeros((0, 3), np.int64)     # room for (cycle, stepped, deviant) rows: see _region
 
     @staticmethod
@@ -305,7 +324,7 @@ class RegionSearch:
             status = _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period,
                              rec, base, forced[:n], np.flatnonzero(~closed).astype(np.int32),
                              conf_count, conf_cells, act_total, conf_total, *self._nbr, in_a,
-                             int(MAX_SHARE * cells), self.stats, self.trace, touched)
+                             int(MAX_SHARE * cells), self.stats, self.trace, touched, MARGIN)
             if status != _REBASE or (SETTLE and not in_a.any()):
                 break
         _settle(queues, cores, events, ports, scalars, rec, base, in_a, t0)

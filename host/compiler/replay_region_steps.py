@@ -150,6 +150,7 @@ def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scala
     base = np.zeros(cells, np.int64)
     pending = np.full(cells, -1, np.int8)
     conf_now = np.zeros(cells, np.int64)
+    old_grant = np.zeros(cells, np.uint32)
     size = stage.act.shape[1]
     k0 = 0
     for k in range(period):
@@ -168,7 +169,7 @@ def _record(routes, rows, index, probe, ports, ops, queues, cores, events, scala
         if scalars[_T] != t0 + k + 1:
             return _STOPPED
         if not _capture_moves(events, ports, j, stage, every, cells, stepped, conf_now, act_total[k0:],
-                              conf_total[k0:], conf_count[k0:], conf_cells[k0:]):
+                              conf_total[k0:], conf_count[k0:], conf_cells[k0:], old_grant):
             return _STOPPED
         if j == size - 1:
             _flush(stage, rec, k0, size, size)
@@ -232,8 +233,8 @@ def _deviants(queues, cores, events, ports, t, k, rec, base, a_list, a_count, fo
 
 
 @njit(cache=True, nogil=True)
-def _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr):
-    """Every cell within two hops of ``dev[:nd]`` into ``new_a`` (each once: ``mark`` holds ``t``);
+def _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr, hops):
+    """Every cell within ``hops`` hops of ``dev[:nd]`` into ``new_a`` (each once: ``mark`` holds ``t``);
     returns how many."""
     na = 0
     for i in range(nd):
@@ -242,7 +243,7 @@ def _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr):
             new_a[na] = dev[i]
             na += 1
     first = 0
-    for _ in range(2):              # a hop out from the cells found so far, twice
+    for _ in range(hops):           # a hop out from the cells found so far
         last = na
         for i in range(first, last):
             r = new_a[i]
@@ -360,12 +361,14 @@ def _capture(queues, cores, events, ports, t, k, rec, base, a_list, na, in_a, pe
 
 @njit(cache=True, nogil=True)
 def _capture_moves(events, ports, k, rec, a_list, na, in_a, conf_now, act_total, conf_total, conf_count,
-                   conf_cells):
+                   conf_cells, old_grant):
     """What cycle ``t0 + k`` (just run) did, for the stepped cells and their edge ports (conflicts
     from ``conf_now``), the totals and lists of phase ``k`` kept up to date; their writes are the
-    pending ones of row ``k``. False if a phase's list of cells with conflicts is full."""
+    pending ones of row ``k``; each stepped cell's recorded grants before into ``old_grant`` (for
+    :func:`_spill`). False if a phase's list of cells with conflicts is full."""
     for i in range(na):
         r = a_list[i]
+        old_grant[r] = rec.grant[r, k]
         act_total[k] -= rec.act[r, k]
         rec.grant[r, k] = 0
         rec.act[r, k] = 1 if rec.write[r, k] >= 0 else 0
@@ -401,6 +404,67 @@ def _capture_moves(events, ports, k, rec, a_list, na, in_a, conf_now, act_total,
     for g in range(events.count[_INJECT]):
         rec.inject[events.who[_INJECT, g], k] = events.color[_INJECT, g]
     return room
+
+
+@njit(cache=True, nogil=True)
+def _spill(rows, index, queues, cores, events, t, k, rec, base, a_list, na, in_a, mark, old_grant, joiners, diffs):
+    """After cycle ``t`` (phase ``k``, just run and taken, :func:`_capture_moves`): the cells outside
+    the stepped ones ``a_list[:na]`` (those ``mark`` does not hold at ``t``) into which a stepped
+    cell granted other colors than it did in the record (``old_grant``) join them at ``t + 1``: each
+    is given the record's state at phase ``k + 1`` (:func:`_materialize`: its own cycle was the
+    record's) with the difference in what it received, a wavelet more or less of each such color.
+    Returns the stepped cells' count with them (appended to ``a_list``)."""
+    nd = 0
+    n = 0
+    for i in range(na):
+        r = a_list[i]
+        bits = old_grant[r] ^ rec.grant[r, k]
+        if bits == 0:
+            continue
+        diffs[nd] = r
+        nd += 1
+        c = 0
+        while bits != 0:
+            if bits & 1:
+                row = index[r, c]
+                for q in range(rows[row, _N]):
+                    kind = rows[row, _TARGETS + 2 * q]
+                    to = r + rows[row, _TARGETS + 2 * q + 1]
+                    if (kind == TO_ROUTER or kind == TO_PE) and not in_a[to]:
+                        in_a[to] = True
+                        joiners[n] = to
+                        n += 1
+            bits >>= 1
+            c += 1
+    if n == 0:
+        return na
+    _materialize(queues, cores, events, t + 1, k + 1, rec, base, joiners, n, in_a)
+    for i in range(nd):
+        r = diffs[i]
+        bits = old_grant[r] ^ rec.grant[r, k]
+        c = 0
+        while bits != 0:
+            if bits & 1:
+                row = index[r, c]
+                more = (rec.grant[r, k] >> c) & 1
+                for q in range(rows[row, _N]):
+                    kind = rows[row, _TARGETS + 2 * q]
+                    to = r + rows[row, _TARGETS + 2 * q + 1]
+                    if (kind != TO_ROUTER and kind != TO_PE) or mark[to] == t:  # stepped: took the true grants
+                        continue
+                    if kind == TO_ROUTER and more:
+                        _push_fifo(queues, to, c)
+                    elif kind == TO_ROUTER:
+                        queues.router_fifo[to, c] -= 1
+                        if queues.router_fifo[to, c] == 0:
+                            queues.busy_fifos[to] &= ~(1 << c)
+                    elif kind == TO_PE:
+                        queues.rx[to, c] += 1 if more else -1
+            bits >>= 1
+            c += 1
+    for i in range(n):
+        a_list[na + i] = joiners[i]
+    return na + n
 
 
 @njit(cache=True, nogil=True)
@@ -479,7 +543,7 @@ def _cycle(routes, rows, index, ports, ops, queues, cores, events, t, k, rec, a_
 @njit(cache=True, nogil=True)
 def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, limit, t0, period, rec, base,
             forced, open_cells, conf_count, conf_cells, act_total, conf_total, nbr_ptr, nbr, in_a, max_active,
-            stats, trace, touched):
+            stats, trace, touched, hops):
     """Step the cells that may differ from the record (module docstring) from the start of cycle
     ``scalars[_T]`` (in ``t0 .. t0 + period``) on, the others taken from ``rec`` (op rows ``base``
     on), writing the stepped cells' states and moves into ``rec`` as it goes; returns why it
@@ -490,8 +554,9 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
     record's, ``open_cells`` those whose record does not close, ``conf_cells[k, :conf_count[k]]``
     those with conflicts at phase ``k``, ``act_total[k]`` and ``conf_total[k]`` the record's moving
     cells and conflicts at phase ``k`` (all three kept up to date as the record is rewritten); ``stats`` gathers the cycles stepped, the cells
-    stepped in them, the deviant cells and the rows of ``trace`` written (``(t, stepped, deviant)`` a
-    cycle while it has room); ``touched`` marks the cells whose phase 0 or phase ``period`` it
+    stepped in them, the deviant cells, the rows of ``trace`` written (``(t, stepped, deviant)`` a
+    cycle while it has room) and the cells that joined the stepped ones by a spill (:func:`_spill`;
+    ``hops`` around the deviant cells are stepped, :data:`.replay_region.MARGIN`); ``touched`` marks the cells whose phase 0 or phase ``period`` it
     rewrites (:func:`_period_end`)."""
     cells, colors = queues.router_fifo.shape
     rotation_same = period % colors == 0
@@ -510,6 +575,8 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
     dev = np.empty(cells + ports.router.shape[0] + forced.shape[0] + open_cells.shape[0] + conf_cells.shape[1],
                    np.int32)
     conf_now = np.zeros(cells, np.int64)
+    old_grant = np.zeros(cells, np.uint32)
+    diffs = np.empty(cells, np.int32)
     is_forced = np.zeros(cells, np.bool_)
     is_forced[forced] = True
     new_a = np.empty(cells, np.int32)
@@ -535,7 +602,7 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
             for i in range(conf_count[k]):
                 dev[nd] = conf_cells[k, i]
                 nd += 1
-        na = _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr)
+        na = _neighbourhood(dev, nd, t, mark, new_a, nbr_ptr, nbr, hops)
         new_a[:na].sort()       # in memory order: neighbouring cells share cache lines (the events' order is free)
         bg_act, bg_conf = act_total[k], conf_total[k]
         for i in range(na):
@@ -566,7 +633,11 @@ def _region(routes, rows, index, ports, ops, queues, cores, events, scalars, lim
                                                              events, t, k, rec, a_list, na, in_a, ring, nr,
                                                              conf_now)
         room = _capture_moves(events, ports, k, rec, a_list, na, in_a, conf_now, act_total, conf_total,
-                              conf_count, conf_cells)
+                              conf_count, conf_cells, old_grant)
+        a_count = _spill(rows, index, queues, cores, events, t, k, rec, base, a_list, na, in_a, mark, old_grant,
+                         ring, diffs)
+        stats[4] += a_count - na
+        na = a_count
         running -= finished
         if last_exit > last:
             last = last_exit
