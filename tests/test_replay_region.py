@@ -24,6 +24,7 @@ from wse.firmware.timing_ops import BUSY, END, RECV, VEC
 from wse.host.compiler import replay_region, trace
 from wse.host.compiler import replay as engine
 from wse.host.compiler.cycles import Network, phase_injections, phase_ops
+from wse.host.compiler.network import TO_PE, TO_ROUTER
 from wse.host.compiler.replay_periods import _snapshot
 from wse.host.compiler.replay_state import _edge_ports, _new_scalars, _new_state
 from wse.host.compiler.weight_streaming import plan
@@ -368,6 +369,27 @@ def test_counts_are_the_same_with_spills(monkeypatch, searches):
     on = _counts(network, inputs, True, monkeypatch)
     assert on[0] == off[0] and np.array_equal(on[1], off[1])
     assert sum(int(search.stats[4]) for search in searches) > 0, [search.stats for search in searches]
+
+
+def test_the_neighbour_table_is_every_router_sent_to_or_taken_from():
+    """The compiled neighbour table equals the pairs read off the route tables in plain Python, on
+    meshes with the column ring's long link and on the hand-made network."""
+    networks = [_plan((8, 8), (100, 128, 128, 10), 32)[1], _plan((10, 2), (8, 60, 60, 4), 23)[1],
+                _plan((1, 8), (4, 128, 128, 3), 5)[1], _crossing_streams(5, 7, 4, 9, 1, 0, 3)[0]]
+    for network in networks:
+        routes = network.routes()
+        cells = routes.target.shape[0]
+        pairs = set()
+        for r in range(cells):
+            for c in range(routes.target.shape[1]):
+                for k in range(routes.n_targets[r, c]):
+                    to = int(routes.target[r, c, k])
+                    if routes.target_kind[r, c, k] in (TO_ROUTER, TO_PE) and to != r:
+                        pairs |= {(r, to), (to, r)}
+        indptr, indices = replay_region.neighbours(routes)
+        got = {(r, int(s)) for r in range(cells) for s in indices[indptr[r]:indptr[r + 1]]}
+        assert got == pairs and len(got) == indices.shape[0]
+        assert all(np.all(np.diff(indices[indptr[r]:indptr[r + 1]]) > 0) for r in range(cells))
 
 
 # Budgets and limits --------------------------------------------------------------------------

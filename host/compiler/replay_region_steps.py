@@ -731,6 +731,39 @@ def _period_end(ops, rec, period, base, ends, touched, first, forced, proven):
 
 
 @njit(cache=True, nogil=True)
+def _neighbour_table(n_targets, target_kind, target):
+    """The routers each router sends to or takes from on some color (its own PE left out) as
+    ``(indptr, indices)``, each router's ascending (:func:`.replay_region.neighbours`)."""
+    cells, colors, _ = target.shape
+    room = 16
+    found = np.full((cells, room), -1, np.int64)
+    count = np.zeros(cells, np.int64)
+    for r in range(cells):
+        for c in range(colors):
+            for k in range(n_targets[r, c]):
+                kind = target_kind[r, c, k]
+                to = target[r, c, k]
+                if (kind != TO_ROUTER and kind != TO_PE) or to == r:
+                    continue
+                for a, b in ((r, to), (to, r)):
+                    known = False
+                    for j in range(count[a]):
+                        known = known or found[a, j] == b
+                    if not known:
+                        if count[a] == room:
+                            raise ValueError("a router with more than 16 neighbours")
+                        found[a, count[a]] = b
+                        count[a] += 1
+    indptr = np.zeros(cells + 1, np.int64)
+    for r in range(cells):
+        indptr[r + 1] = indptr[r] + count[r]
+    indices = np.empty(indptr[cells], np.int64)
+    for r in range(cells):
+        indices[indptr[r]:indptr[r + 1]] = np.sort(found[r, :count[r]])
+    return indptr, indices
+
+
+@njit(cache=True, nogil=True)
 def _cell_hashes(fifo, rx, tx, done, free, index, written, writes):
     """A 64-bit hash of each cell's relative state (the period search's snapshot arrays): where a
     stop's cells differ from an earlier stop's (a proposal only: equal hashes prove nothing)."""
