@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import literal_unroll, njit
 
 from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP, _RUNNING, _STOPPED, _T, _TARGETS,
@@ -125,7 +125,8 @@ def _phases_in(dst, src, k0, n):
 
 @njit(cache=True, nogil=True)
 def _phases_in_3d(dst, src, k0, n):
-    """:func:`_phases_in` for ``[cell, phase, entry]`` arrays."""
+    """:func:`_phases_in` for ``[cell, phase, entry]`` arrays (a row copied as a slice took three
+    times as long)."""
     for r in range(dst.shape[0]):
         for j in range(n):
             for e in range(dst.shape[2]):
@@ -135,19 +136,15 @@ def _phases_in_3d(dst, src, k0, n):
 @njit(cache=True, nogil=True)
 def _flush(stage, rec, k0, states, moves):
     """Copy the stage's first ``states`` state rows and ``moves`` rows of moves into ``rec`` from phase
-    ``k0`` on."""
-    _phases_in_3d(rec.queued, stage.queued, k0, states)
-    _phases_in_3d(rec.tx, stage.tx, k0, states)
-    _phases_in(rec.free, stage.free, k0, states)
-    _phases_in(rec.index, stage.index, k0, states)
-    _phases_in(rec.flags, stage.flags, k0, states)
-    _phases_in(rec.write, stage.write, k0, states)
-    _phases_in(rec.pc, stage.pc, k0, states)
-    _phases_in_3d(rec.has, stage.has, k0, states)
-    _phases_in(rec.grant, stage.grant, k0, moves)
-    _phases_in(rec.act, stage.act, k0, moves)
-    _phases_in(rec.conf, stage.conf, k0, moves)
-    _phases_in(rec.inject, stage.inject, k0, moves)
+    ``k0`` on (loops unrolled over the fields, of several types)."""
+    for pair in literal_unroll(((rec.queued, stage.queued), (rec.tx, stage.tx), (rec.has, stage.has))):
+        _phases_in_3d(pair[0], pair[1], k0, states)
+    for pair in literal_unroll(((rec.free, stage.free), (rec.index, stage.index), (rec.flags, stage.flags),
+                                (rec.write, stage.write), (rec.pc, stage.pc))):
+        _phases_in(pair[0], pair[1], k0, states)
+    for pair in literal_unroll(((rec.grant, stage.grant), (rec.act, stage.act), (rec.conf, stage.conf),
+                                (rec.inject, stage.inject))):
+        _phases_in(pair[0], pair[1], k0, moves)
 
 
 @njit(cache=True, nogil=True)
