@@ -181,6 +181,64 @@ def test_kept_transitions_stay_within_their_budget():
     assert [a["t"] for a, _ in transitions.earlier(0)] == [4] and [a["t"] for a, _ in transitions.earlier(1)] == [3]
 
 
+def test_kept_transitions_keep_the_latest_few_whatever_their_bytes():
+    transitions = replay_periods._Transitions(budget=0, least=3)
+    snaps = [{"rel": {"fifo": np.zeros(100, dtype=np.int32)}, "pc": np.zeros(10, dtype=np.int64),
+              "left": np.zeros(5, dtype=np.int64), "free_all": np.zeros(10, dtype=np.int64), "t": t}
+             for t in range(8)]
+    for t in range(7):
+        transitions.add(t % 2, snaps[t], snaps[t + 1])
+    assert len(transitions.order) == 3
+    assert [a["t"] for a, _ in transitions.earlier(0)] == [6, 4] and [a["t"] for a, _ in transitions.earlier(1)] == [5]
+
+
+def test_jumps_far_back_are_kept_by_count_when_states_outgrow_the_bytes(monkeypatch):
+    """With no bytes for transitions, the latest ``_TRANSITION_STATES`` are kept all the same (a big
+    mesh's states outgrow the bytes: the streamed GEMM's last round on 994 rows): the jumps that one
+    transition misses come back, with the same counts."""
+    real, jumped = replay_periods._jump, []
+
+    def spy(*args):
+        done = real(*args)
+        jumped.append(done)
+        return done
+    monkeypatch.setattr(replay_periods, "_jump", spy)
+    monkeypatch.setattr(replay_periods, "_TRANSITION_BYTES", 0)
+    cases = [((3, 2), (5, 60, 4), 6), ((3, 3), (6, 63, 63, 4), 7)]
+    found = {}
+    for states in (1, 64):
+        monkeypatch.setattr(replay_periods, "_TRANSITION_STATES", states)
+        jumped.clear()
+        counts = [replay(network, *inputs) for mesh, sizes, batch in cases
+                  for _, network, inputs in _phases(mesh, sizes, batch)]
+        found[states] = (sum(jumped), counts)
+    assert found[1][0] == 0 < found[64][0], found
+    assert found[1][1] == found[64][1]
+
+
+def test_a_kept_state_holds_its_counts_in_the_fewest_bytes():
+    """Kept states hold values in the smallest integer type that holds them and both queue counts
+    of a color in a byte when they fit; a state kept the other way never equals one kept so."""
+    small = replay_periods._small
+    assert [small(np.array(v, np.int64)).dtype for v in ([0, 127], [-129, 3], [1 << 20], [1 << 40], [])] == \
+        [np.int8, np.int16, np.int32, np.int64, np.int8]
+    assert np.array_equal(small(np.array([5, -3])), [5, -3])
+    rng = np.random.default_rng(0)
+    fifo, rx = rng.integers(0, 16, (50, 7)).astype(np.int8), rng.integers(0, 16, (50, 7)).astype(np.int8)
+    packed = replay_periods._packed_queues(fifo, rx)
+    assert list(packed) == ["queued"] and packed["queued"].nbytes == fifo.nbytes
+    assert all(np.array_equal(x, y) for x, y in zip(replay_periods.queue_counts(packed), (fifo, rx)))
+    deep = fifo.copy()
+    deep[3, 2] = 16             # a FIFO deeper than a nibble: both kept as they are
+    apart = replay_periods._packed_queues(deep, rx)
+    assert sorted(apart) == ["fifo", "rx"]
+    assert all(np.array_equal(x, y) for x, y in zip(replay_periods.queue_counts(apart), (deep, rx)))
+    assert sorted(replay_periods._packed_queues(fifo.astype(np.int32), rx.astype(np.int32))) == ["fifo", "rx"]
+    deep[3, 2] = fifo[3, 2]
+    a, b = {"rel": packed}, {"rel": replay_periods._packed_queues(deep.astype(np.int32), rx.astype(np.int32))}
+    assert not replay_periods._same_rel(a, b, list(packed)) and replay_periods._same_rel(a, a, list(packed))
+
+
 @st.composite
 def _deeper_shapes(draw):
     width, height = draw(st.integers(2, 6)), draw(st.integers(2, 6))

@@ -69,6 +69,10 @@ _MAX_CANDIDATES = 4
 _SNAPSHOT_BYTES = 128 << 20
 #: Bytes of kept transitions (:class:`_Transitions`): the states of half a weight-gradient phase's steps on 128x128.
 _TRANSITION_BYTES = 512 << 20
+#: The fewest transitions kept, whatever their bytes: the streamed GEMM's last round on 994 rows follows
+#: the stops of 6,719 cycles (47 stops) before it for 3,557 cycles, which 512 MiB held on 128 columns
+#: (10 MB a state) and not from 256 on (docs/weight_streaming.md section 9, item 3).
+_TRANSITION_STATES = 64
 #: Inner stops counted from the start of the watched PE's round and inner skips landing at an aligned
 #: rotation phase (:func:`run_with_periods`); False: the stops and skips of before (the same counts).
 ROUND_ALIGNED = True
@@ -111,9 +115,42 @@ def _state_hash(queues, cores, events, left, ops, t):
 
 
 def _small(a: np.ndarray) -> np.ndarray:
-    """A copy of ``a`` in int8 when its values fit (queue counts and colors do): a third of
-    a kept state's bytes (the value, not the type, is what states are compared by)."""
-    return a.astype(np.int8) if a.size == 0 or (a.min() >= -128 and a.max() <= 127) else a.copy()
+    """A copy of ``a`` in the smallest of int8, int16 and int32 that holds its values (the value, not
+    the type, is what states are compared by): queue counts and colors take a byte, the cycles a PE
+    has left a byte or two, op rows four bytes, against eight."""
+    if a.size == 0:
+        return a.astype(np.int8)
+    low, high = a.min(), a.max()
+    for kind in (np.int8, np.int16, np.int32):
+        if np.iinfo(kind).min <= low and high <= np.iinfo(kind).max:
+            return a.astype(kind)
+    return a.copy()
+
+
+#: A kept state (and the region replay's record) holds a color's router FIFO and input queue counts in
+#: one byte, the FIFO's plus this times the queue's, when both are below it (a kept state's
+#: ``"queued"``; else both as they are, ``"fifo"`` and ``"rx"``).
+_RX_UNIT = 16
+
+
+def _packed_queues(fifo: np.ndarray, rx: np.ndarray) -> dict:
+    """The kept state's queue counts (:data:`_RX_UNIT`): half the bytes of both arrays when they fit."""
+    both = fifo | rx
+    if fifo.dtype.itemsize == 1 and (both.size == 0 or (both.min() >= 0 and both.max() < _RX_UNIT)):
+        return {"queued": fifo.view(np.uint8) + rx.view(np.uint8) * np.uint8(_RX_UNIT)}
+    return {"fifo": _small(fifo), "rx": _small(rx)}
+
+
+def queue_counts(rel: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The router FIFO and input queue counts of a kept state's ``rel`` (:func:`_packed_queues`)."""
+    if "queued" in rel:
+        return rel["queued"] % np.uint8(_RX_UNIT), rel["queued"] // np.uint8(_RX_UNIT)
+    return rel["fifo"], rel["rx"]
+
+
+def _same_rel(a: dict, b: dict, keys) -> bool:
+    """The kept states' ``rel`` entries ``keys`` are equal (and both hold the same entries)."""
+    return a["rel"].keys() == b["rel"].keys() and all(np.array_equal(a["rel"][k], b["rel"][k]) for k in keys)
 
 
 def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars, extra=None) -> dict:
@@ -128,14 +165,14 @@ def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars, extra=
     writes = np.full(n, -1, dtype=np.int8)       # a PE issues one element a cycle: its pending write's color
     writes[events.who[_WRITE, :events.count[_WRITE]]] = events.color[_WRITE, :events.count[_WRITE]]
     snap = {
-        "rel": dict(fifo=_small(queues.router_fifo), rx=_small(queues.rx), tx=_small(tx), done=cores.done.copy(),
-                    free=np.where(active, np.maximum(cores.free_at - t, 0), 0),
-                    index=np.where(active, cores.vector_index, 0),
+        "rel": dict(**_packed_queues(queues.router_fifo, queues.rx), tx=_small(tx), done=cores.done.copy(),
+                    free=_small(np.where(active, np.maximum(cores.free_at - t, 0), 0)),
+                    index=_small(np.where(active, cores.vector_index, 0)),
                     written=active & (cores.written_at == t),
                     writes=writes,
                     has_left=ports.left > 0, phase=np.array([t % colors]), n=np.array([n])),
-        "pc": cores.pc.copy(), "left": ports.left.copy(), "t": t, "conflicts": int(scalars[_CONFLICTS]),
-        "free_all": cores.free_at - t, "last": int(scalars[_LAST])}
+        "pc": _small(cores.pc), "left": ports.left.copy(), "t": t, "conflicts": int(scalars[_CONFLICTS]),
+        "free_all": _small(cores.free_at - t), "last": int(scalars[_LAST])}
     if extra:
         extra.keep(snap, t)
     return snap
@@ -144,8 +181,7 @@ def _snapshot(queues, cores, events, ports, t: int, colors: int, scalars, extra=
 def _same(a: dict, b: dict) -> bool:
     """The relative states are equal; the color rotation's phase only matters
     if a grant depended on it between them (a conflict)."""
-    keys = [k for k in a["rel"] if k != "phase" or b["conflicts"] != a["conflicts"]]
-    return all(np.array_equal(a["rel"][k], b["rel"][k]) for k in keys)
+    return _same_rel(a, b, [k for k in a["rel"] if k != "phase" or b["conflicts"] != a["conflicts"]])
 
 
 @njit(cache=True, nogil=True)
@@ -185,7 +221,7 @@ def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap
     in states alike, whose transitions a later round can take (:func:`_jump`)."""
     cap, align = cap if isinstance(cap, tuple) else (cap, 0)
     period = second["t"] - first["t"]
-    shift = second["pc"] - first["pc"]
+    shift = second["pc"].astype(np.int64) - first["pc"]
     if period <= 0 or (shift < 0).any():
         return 0
     most = (limit - 1 - second["t"]) // period
@@ -199,7 +235,7 @@ def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap
         most = min(most, int(((second["left"][feeding] - 1) // injected[feeding]).min()))
     moving = (shift > 0) & ~cores.done
     if moving.any() and most > 0:
-        pairs = np.unique(np.stack([second["pc"][moving], shift[moving]], axis=1), axis=0)
+        pairs = np.unique(np.stack([second["pc"][moving].astype(np.int64), shift[moving]], axis=1), axis=0)
         most = _repeats(ops, np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]), most)
     if align and most > 0:      # a choice of how many to skip: any number up to ``most`` is proven
         wanted = second["t"] % math.gcd(period, align)
@@ -327,13 +363,13 @@ def _snapshot_bytes(snap: dict) -> int:
 
 class _Transitions:
     """Pairs of consecutive stops with nothing skipped between them, ``(a, b)``, by the
-    hash of ``a``'s state, the latest ones (at most ``budget`` bytes of ``b`` states):
-    a state equal to ``a`` later goes on to ``b``'s state (:func:`_jump`). Unlike the
-    histories they are kept across skips, so the rounds after a phase's last skip
-    can follow the rounds before it."""
+    hash of ``a``'s state, the latest ones (at most ``budget`` bytes of ``b`` states, or
+    the latest ``least`` whatever their bytes): a state equal to ``a`` later goes on to
+    ``b``'s state (:func:`_jump`). Unlike the histories they are kept across skips, so
+    the rounds after a phase's last skip can follow the rounds before it."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
+    def __init__(self, budget: int, least: int = 1):
+        self.budget, self.least = budget, max(1, least)
         self.by_key: dict[int, list] = {}
         self.order: list = []
         self.bytes = 0
@@ -344,7 +380,7 @@ class _Transitions:
         size = _snapshot_bytes(b)
         self.order.append((key, size))
         self.bytes += size
-        while self.bytes > self.budget and len(self.order) > 1:
+        while self.bytes > self.budget and len(self.order) > self.least:
             old, old_size = self.order.pop(0)
             self.by_key[old].pop(0)
             self.bytes -= old_size
@@ -387,16 +423,15 @@ def _jump(transitions: _Transitions, key: int, now: dict, ops, state, cores, por
     usable = [(a, b) for a, b in transitions.earlier(key)      # the rotation's phase first: same hash, any phase
               if not (now["t"] - a["t"]) % colors or b["conflicts"] == a["conflicts"]]
     for a, b in usable[:_MAX_CANDIDATES]:
-        if a["t"] >= now["t"] or not all(np.array_equal(a["rel"][k], now["rel"][k]) for k in a["rel"] if k != "phase"):
+        if a["t"] >= now["t"] or not _same_rel(a, now, [k for k in a["rel"] if k != "phase"]):
             continue
         span = b["t"] - a["t"]
         if now["t"] + span >= limit:
             continue
-        moved = b["pc"] - a["pc"]
+        moved = b["pc"].astype(np.int64) - a["pc"]
         active = ~a["rel"]["done"]
-        if (moved < 0).any() or not _same_rows(ops, np.ascontiguousarray(now["pc"][active]),
-                                              np.ascontiguousarray(a["pc"][active]),
-                                              np.ascontiguousarray(moved[active])):
+        if (moved < 0).any() or not _same_rows(ops, now["pc"][active].astype(np.int64),
+                                              a["pc"][active].astype(np.int64), moved[active]):
             continue
         injected = a["left"] - b["left"]
         left = now["left"] - injected
@@ -413,16 +448,17 @@ def _restore(b: dict, now: dict, a: dict, left, queues, cores, events, ports, sc
     """Set the state ``b`` (of a stop after ``a``) as reached from ``now`` (:func:`_jump`)."""
     t = now["t"] + b["t"] - a["t"]
     rel = b["rel"]
-    queues.router_fifo[:] = rel["fifo"]
-    colors = rel["fifo"].shape[1]
-    queues.busy_fifos[:] = ((rel["fifo"] > 0).astype(np.int64) << np.arange(colors, dtype=np.int64)).sum(axis=1)
-    queues.rx[:] = rel["rx"]
+    fifo, rx = queue_counts(rel)
+    queues.router_fifo[:] = fifo
+    colors = fifo.shape[1]
+    queues.busy_fifos[:] = ((fifo > 0).astype(np.int64) << np.arange(colors, dtype=np.int64)).sum(axis=1)
+    queues.rx[:] = rx
     queues.tx_count[:] = (rel["tx"] >= 0).sum(axis=1)
     queues.tx_head[:] = 0
     queues.tx_colors[:] = np.maximum(rel["tx"], 0)
     done_before = now["rel"]["done"]
-    cores.pc[:] = b["pc"] + (now["pc"] - a["pc"])
-    cores.free_at[:] = np.where(done_before, cores.free_at, b["free_all"] + t)
+    cores.pc[:] = b["pc"].astype(np.int64) + (now["pc"] - a["pc"])
+    cores.free_at[:] = np.where(done_before, cores.free_at, b["free_all"].astype(np.int64) + t)
     cores.vector_index[:] = rel["index"]
     cores.written_at[:] = np.where(rel["written"], t, -1)
     cores.done[:] = rel["done"]
@@ -434,7 +470,7 @@ def _restore(b: dict, now: dict, a: dict, left, queues, cores, events, ports, sc
     ports.left_total[:] = left.sum(axis=1)
     scalars[_T] = t
     scalars[_RUNNING] = int((~cores.done).sum())
-    scalars[_FIFOS] = int((rel["fifo"] > 0).sum())
+    scalars[_FIFOS] = int((fifo > 0).sum())
     scalars[_TX] = int(queues.tx_count.sum())
     scalars[_TO_INJECT] = int(left.sum())
     if b["last"] >= a["t"]:
@@ -531,7 +567,7 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
 
     scalars[_SEEN_PC] = next_stop()
     seen, rounds_seen = _History(_SNAPSHOT_BYTES), _History(_SNAPSHOT_BYTES)
-    transitions = _Transitions(min(_TRANSITION_BYTES, 4 * _SNAPSHOT_BYTES))
+    transitions = _Transitions(min(_TRANSITION_BYTES, 4 * _SNAPSHOT_BYTES), _TRANSITION_STATES)
     previous = None                       # (hash, state) of the last stop, if nothing was skipped since
     landed = False                        # a skip or a jump landed: take its state as a stop without running
     candidates: list = []                 # (snapshot at t2, period D): checked at t2 + D

@@ -85,6 +85,7 @@ import time
 import numpy as np
 
 from .replay import _FIFOS, _NO_PROBE, _OUT_OF_TIME, _RUNNING, _STOPPED, _T, _TO_INJECT, _TX, _WRITE, _packed
+from .replay_periods import queue_counts
 from .replay_region_steps import (_REBASE, _RX_UNIT, _STILL, _TOO_BIG, MAX_DEPTH, Record, _cell_hashes, _materialize,
                                   _neighbour_table, _period_end, _record, _region, new_record, record_bytes)
 from .replay_state import new_events
@@ -214,8 +215,9 @@ class RegionSearch:
     @staticmethod
     def _signature(now: dict) -> np.ndarray:
         rel = now["rel"]
-        return _cell_hashes(rel["fifo"], rel["rx"], rel["tx"], rel["done"], rel["free"], rel["index"],
-                            rel["written"], rel["writes"])
+        fifo, rx = queue_counts(rel)
+        return _cell_hashes(fifo, rx, rel["tx"], rel["done"], rel["free"].astype(np.int32),
+                            rel["index"].astype(np.int32), rel["written"], rel["writes"])
 
     def stop(self, now: dict, queues, cores, events, scalars, limit: int, first_round: bool = True):
         """Try the region replay at this stop (``first_round``: the watched PE is in its first

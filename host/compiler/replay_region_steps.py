@@ -14,14 +14,12 @@ from .network import TO_PE, TO_ROUTER
 from .replay import (_CONFLICTS, _GRANT, _INJECT, _LAST, _N, _OUT_OF_TIME, _POP, _RUNNING, _STOPPED, _T, _TARGETS,
                      _TX_MOVE, _WRITE, _apply_grants, _apply_injections, _apply_pe_queues, _apply_tx_moves,
                      _grant_injections, _grant_router, _grant_tx_move, _push_fifo, _run_packed, _step_pes)
-from .replay_periods import _repeats
+from .replay_periods import _RX_UNIT, _repeats  # a record keeps both queue counts in a byte as a kept state does
 
 __all__ = ["Record", "new_record", "record_bytes"]
 
 #: Bytes of a record per cell and cycle, beside the queue counts (a byte per color) and the output queue.
 _CELL_BYTES = 4 + 4 + 1 + 1 + 4 + 4 + 1 + 1
-#: A record keeps a color's two queue counts in a byte: the router FIFO's plus this times the input queue's.
-_RX_UNIT = 16
 #: The deepest router FIFO or input queue a record holds (four bits each).
 MAX_DEPTH = _RX_UNIT - 1
 # Why a region replay ended (beside the replay's own results).
