@@ -4,7 +4,8 @@ Replays one phase of a weight-streaming MLP once, timing every stretch the
 replay's engine runs (the cycles between two stops of the period search that it
 replays in full; skips, jumps and region replays are not stretches), and prints
 one JSON line per cycle range (``--bins``: a stretch counts in the range it
-starts in) with the stretches' CPU seconds and cycles, then one line for the
+starts in) with the stretches' CPU seconds and cycles (and ns a PE and cycle: what the engine
+costs there), then one line for the
 whole replay: its CPU seconds, cycles, the region replays' runs and what their
 tries cost. Comparing the lines of a few widths shows which part of a phase
 grows with the mesh (``docs/weight_streaming.md`` section 9, "The shared GEMM
@@ -65,11 +66,13 @@ def main(argv=None) -> int:
         cpu = time.process_time() - began
     finally:
         replay_adaptive.AdaptiveRun.__call__, replay_region.RegionSearch = saved
-    mesh = f"{config.width}x{config.height}"
+    mesh, cells = f"{config.width}x{config.height}", config.width * config.height
     for i, edge in enumerate(edges):
         print(json.dumps({"mesh": mesh, "phase": args.phase, "from": edge,
                           "to": edges[i + 1] if i + 1 < len(edges) else None,
-                          "stretch_cpu_s": round(spent[i], 1), "cycles_replayed_in_full": replayed[i]}), flush=True)
+                          "stretch_cpu_s": round(spent[i], 1), "cycles_replayed_in_full": replayed[i],
+                          "ns_per_pe_cycle": round(1e9 * spent[i] / (replayed[i] * cells), 1) if replayed[i] else None}),
+              flush=True)
     tries = searches[0].rates if searches else [0.0, 0.0, 0.0, 0.0]
     print(json.dumps({"mesh": mesh, "phase": args.phase, "cycles": int(count), "cpu_s": round(cpu, 1),
                       "region_runs": [list(r) for r in (searches[0].runs if searches else [])],

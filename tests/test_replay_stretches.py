@@ -32,6 +32,11 @@ def test_the_ranges_add_up_to_the_phase_and_the_count_is_the_cycle_models(capsys
     assert [r["from"] for r in ranges] == [0, 500, 2000, 4000] and ranges[-1]["to"] is None
     assert 0 < sum(r["cycles_replayed_in_full"] for r in ranges) <= total["cycles"]
     assert ranges[0]["cycles_replayed_in_full"] > 0
+    for r in ranges:        # the engine's cost a PE and cycle (64 PEs), where the range replayed any cycle in full
+        assert (r["ns_per_pe_cycle"] is None) == (r["cycles_replayed_in_full"] == 0)
+        if r["ns_per_pe_cycle"] is not None:
+            assert r["ns_per_pe_cycle"] > 0
+            assert abs(r["ns_per_pe_cycle"] * r["cycles_replayed_in_full"] * 64e-9 - r["stretch_cpu_s"]) <= 0.051
     import argparse
 
     from wse.host.compiler import cycles
