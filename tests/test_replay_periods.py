@@ -29,6 +29,18 @@ def _phases(mesh, sizes, batch, **config):
         yield name, network, (*phase_ops(exe_plan, phase), phase_injections(phase))
 
 
+def _spy(monkeypatch, name: str) -> list:
+    """Replace ``replay_periods.<name>`` by itself, noting each result in the returned list."""
+    real, results = getattr(replay_periods, name), []
+
+    def spy(*args):
+        result = real(*args)
+        results.append(result)
+        return result
+    monkeypatch.setattr(replay_periods, name, spy)
+    return results
+
+
 @st.composite
 def _shapes(draw):
     width, height = draw(st.integers(1, 4)), draw(st.integers(1, 3))
@@ -52,14 +64,7 @@ def test_a_repeat_is_skipped_when_its_state_comes_back(monkeypatch):
     """The kept states let a repeat be skipped at the stop where its hash returns; with only
     the latest state kept (older repeats take the check one period later) the counts are
     the same."""
-    taken = []
-    real = replay_periods._look_back
-
-    def spy(*args):
-        skipped = real(*args)
-        taken.append(skipped)
-        return skipped
-    monkeypatch.setattr(replay_periods, "_look_back", spy)
+    taken = _spy(monkeypatch, "_look_back")
     phases = list(_phases((3, 2), (5, 60, 4), 6))
     counts = [replay(network, *inputs) for _, network, inputs in phases]
     assert any(taken), "no repeat was skipped on its state's return"
@@ -150,14 +155,7 @@ def test_a_state_seen_before_jumps_to_the_state_that_followed_it(monkeypatch):
     """Transitions (a stop's state to the next stop's): a state equal to an earlier one goes on
     at once the way it went, on square, one-row and one-column meshes and uneven token blocks,
     with the reference's counts; and every jump is checked (a replay without them counts the same)."""
-    jumped = []
-    real = replay_periods._jump
-
-    def spy(*args):
-        done = real(*args)
-        jumped.append(done)
-        return done
-    monkeypatch.setattr(replay_periods, "_jump", spy)
+    jumped = _spy(monkeypatch, "_jump")
     cases = [((3, 2), (5, 60, 4), 6), ((4, 1), (5, 48, 3), 9), ((1, 3), (4, 45, 3), 5), ((3, 3), (6, 63, 63, 4), 7)]
     counts = {}
     for mesh, sizes, batch in cases:
@@ -196,13 +194,7 @@ def test_jumps_far_back_are_kept_by_count_when_states_outgrow_the_bytes(monkeypa
     """With no bytes for transitions, the latest ``_TRANSITION_STATES`` are kept all the same (a big
     mesh's states outgrow the bytes: the streamed GEMM's last round on 994 rows): the jumps that one
     transition misses come back, with the same counts."""
-    real, jumped = replay_periods._jump, []
-
-    def spy(*args):
-        done = real(*args)
-        jumped.append(done)
-        return done
-    monkeypatch.setattr(replay_periods, "_jump", spy)
+    jumped = _spy(monkeypatch, "_jump")
     monkeypatch.setattr(replay_periods, "_TRANSITION_BYTES", 0)
     cases = [((3, 2), (5, 60, 4), 6), ((3, 3), (6, 63, 63, 4), 7)]
     found = {}
