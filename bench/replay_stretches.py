@@ -4,10 +4,9 @@ Replays one phase of a weight-streaming MLP once, timing every stretch the
 replay's engine runs (the cycles between two stops of the period search that it
 replays in full; skips, jumps and region replays are not stretches), and prints
 one JSON line per cycle range (``--bins``: a stretch counts in the range it
-starts in) with the stretches' CPU seconds and cycles (and ns a PE and cycle: what the engine
-costs there), then one line for the
-whole replay: its CPU seconds, cycles, the region replays' runs and what their
-tries cost. Comparing the lines of a few widths shows which part of a phase
+starts in) with the stretches' CPU seconds, cycles and ns a PE and cycle (what
+the engine costs there), then one line for the whole replay: its CPU seconds,
+cycles, the region replays' runs and what their tries cost. Comparing the lines of a few widths shows which part of a phase
 grows with the mesh (``docs/weight_streaming.md`` section 9, "The shared GEMM
 across the wafer's columns"):
 

@@ -235,7 +235,7 @@ def _skip(first: dict, second: dict, ops, cores, ports, scalars, limit: int, cap
         most = min(most, int(((second["left"][feeding] - 1) // injected[feeding]).min()))
     moving = (shift > 0) & ~cores.done
     if moving.any() and most > 0:
-        pairs = np.unique(np.stack([second["pc"][moving].astype(np.int64), shift[moving]], axis=1), axis=0)
+        pairs = np.unique(np.stack([second["pc"][moving], shift[moving]], axis=1), axis=0)     # int64, as shift
         most = _repeats(ops, np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]), most)
     if align and most > 0:      # a choice of how many to skip: any number up to ``most`` is proven
         wanted = second["t"] % math.gcd(period, align)
