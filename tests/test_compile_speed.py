@@ -536,16 +536,18 @@ def test_replays_start_as_their_tables_come_then_longest_first_with_the_same_cou
                                               ((12, 3), (8, 48, 36, 3), 24), ((20, 2), (5, 48, 40, 3), 43),
                                               ((4, 4), (40, 64, 64, 10), 16)])
 def test_op_lists_built_from_one_round_equal_every_round_built(mesh, sizes, batch, monkeypatch):
-    """``timing._repeat`` builds a streamed GEMM's round once and repeats its rows: every PE's op
-    list of every phase equals the one built round by round (one-row and one-column meshes, uneven
-    token blocks)."""
+    """``timing._repeat`` builds a streamed GEMM's round once and repeats its rows, ``timing._memo``
+    a weight gradient's rotation step once per kind, and ``phase_ops`` takes a PE's list by its
+    records' identity: every PE's op list of every phase equals the one built round by round and
+    step by step from every PE's own words (one-row and one-column meshes, uneven token blocks)."""
     from wse.firmware.training import timing
+    from wse.host.compiler.cycles import op_table, with_end
     torch.manual_seed(0)
     cfg = FabricConfig(width=mesh[0], height=mesh[1])
     the_plan = plan(trace(mlp(*sizes), torch.randn(batch, sizes[0])), cfg, batch)
-    built = {}
-    for flag in (True, False):
-        monkeypatch.setattr(timing, "REPEAT_ROUNDS", flag)
-        built[flag] = {name: phase_ops(the_plan, phase) for name, phase in the_plan.phases.items()}
+    built = {True: {name: phase_ops(the_plan, phase) for name, phase in the_plan.phases.items()}}
+    monkeypatch.setattr(timing, "REPEAT_ROUNDS", False)
+    built[False] = {name: op_table(cfg, lambda i, j, phase=phase: with_end(phase.records[i][j]), timing.pe_ops)
+                    for name, phase in the_plan.phases.items()}
     for name, arrays in built[True].items():
         assert all(np.array_equal(a, b) for a, b in zip(arrays, built[False][name])), name

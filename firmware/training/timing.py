@@ -51,6 +51,30 @@ def _fmacw_n(ld: int, la: int) -> int:
 REPEAT_ROUNDS = True
 
 
+def _built(body) -> tuple[int, np.ndarray, int]:
+    """``body``'s rows built on their own, as ``(head, rows, tail)``: the private cycles they begin
+    with, the rows from their first non-``BUSY`` row to their last (empty if none), and the private
+    cycles they end with. Appending them with :func:`_append` equals running ``body`` in place."""
+    one = OpRows()
+    body(one)
+    tail, one.pending = one.pending, 0
+    rows = one.array()
+    head = 0
+    if rows.shape[0] and rows[0, 0] == BUSY:
+        head, rows = int(rows[0, 1]), rows[1:]
+    return head, rows, tail
+
+
+def _append(ops: OpRows, built: tuple[int, np.ndarray, int]) -> None:
+    """Rows from :func:`_built` after those of ``ops``: its leading private cycles merge with the
+    ones before, its trailing ones with what follows (:meth:`OpRows.busy`)."""
+    head, rows, tail = built
+    ops.busy(head)
+    if rows.shape[0]:
+        ops.block(rows)
+    ops.busy(tail)
+
+
 def _repeat(ops: OpRows, rounds: int, body) -> None:
     """``body(ops)`` ``rounds`` times. A round's rows depend on nothing that changes from round to
     round (``body`` takes no round index), so one round is built and its rows repeated: the private
@@ -61,13 +85,7 @@ def _repeat(ops: OpRows, rounds: int, body) -> None:
         for _ in range(rounds):
             body(ops)
         return
-    one = OpRows()
-    body(one)
-    tail, one.pending = one.pending, 0
-    rows = one.array()
-    head = 0
-    if rows.shape[0] and rows[0, 0] == BUSY:
-        head, rows = int(rows[0, 1]), rows[1:]
+    head, rows, tail = _built(body)
     if rows.shape[0] == 0:
         ops.busy(rounds * (head + tail))
         return
@@ -77,9 +95,21 @@ def _repeat(ops: OpRows, rounds: int, body) -> None:
         rows = np.concatenate([np.tile(np.concatenate([rows, gap]), (rounds - 1, 1)), rows])
     else:
         rows = np.tile(rows, (rounds, 1))
-    ops.busy(head)
-    ops.block(rows)
-    ops.busy(tail)
+    _append(ops, (head, rows, tail))
+
+
+def _memo(ops: OpRows, memo: dict, key, body) -> None:
+    """``body(ops)``, whose rows depend on ``key`` alone: built once per key into ``memo`` and
+    appended (:func:`_built`, :func:`_append`; every time in place when not :data:`REPEAT_ROUNDS`).
+    A weight-gradient list runs one of a few such steps per row of the mesh: on 994 rows its
+    Python took 15 ms a list, and the wafer's weight gradients 2,982 lists a phase."""
+    if not REPEAT_ROUNDS:
+        body(ops)
+        return
+    built = memo.get(key)
+    if built is None:
+        built = memo[key] = _built(body)
+    _append(ops, built)
 
 
 def _sgemm(ops: OpRows, f: dict) -> None:
@@ -281,20 +311,20 @@ def _wgrad(ops: OpRows, f: dict, counts: list[int]) -> None:
     T, Kx, H, bias = f["t"], f["kx"], f["h"], f["bias"]
     e_in, e_out = _color(f["ein"]), _color(f["eout"])
     n_w = _fmacw_n(f["g"][2], f["x1"][2])
-    ops.busy(24)                                          # 9 ld/ldsd, ..., addi, li
-    for s in range(H):
-        n = counts[s]
-        ops.busy(4)                                       # add, ld, bge
-        if s < H - 1:
-            _rotate(ops, f, n * T, counts[s + 1] * T, 20)
-        ops.busy(13 + (3 if s == 0 else 0))              # descriptors, length
-        ops.busy(3)                                       # setl, setl, beq
-        length = Kx + (bias if s == 0 else 0)
+
+    def step(o: OpRows, n: int, after: int, first: bool) -> None:
+        """A rotation step with ``n`` outputs, ``after`` at the next step (-1: the last step)."""
+        o.busy(4)                                         # add, ld, bge
+        if after >= 0:
+            _rotate(o, f, n * T, after * T, 20)
+        o.busy(13 + (3 if first else 0))                  # descriptors, length
+        o.busy(3)                                         # setl, setl, beq
+        length = Kx + (bias if first else 0)
         if n:
-            ops.busy(1)                                   # bne s
-            with_bias = s == 0 and bias
-            if s == 0:
-                ops.busy(3)                               # ld bias, bne
+            o.busy(1)                                     # bne s
+            with_bias = first and bias
+            if first:
+                o.busy(3)                                 # ld bias, bne
 
             def output(o, with_bias=with_bias, length=length):
                 o.busy(2 + Kx + 1 + n_w + 1)              # ld, fmacs, fmacw (memory)
@@ -302,10 +332,16 @@ def _wgrad(ops: OpRows, f: dict, counts: list[int]) -> None:
                     o.busy(1 + T + 1 + 1)                 # li, fsum, st
                 o.vec(length, in1=e_in, out=e_out)
                 o.busy(5 if with_bias else 4)             # addb(s), add, addi, bne
-            _repeat(ops, n, output)                       # the step's n outputs: the same rows each
+            _repeat(o, n, output)                         # the step's n outputs: the same rows each
             if not with_bias:
-                ops.busy(1)                               # jmp wg_next
-        ops.busy(5)                                       # 3 add, addi, bge
+                o.busy(1)                                 # jmp wg_next
+        o.busy(5)                                         # 3 add, addi, bge
+
+    ops.busy(24)                                          # 9 ld/ldsd, ..., addi, li
+    memo: dict = {}
+    for s in range(H):
+        key = (counts[s], counts[s + 1] if s < H - 1 else -1, s == 0)
+        _memo(ops, memo, key, lambda o, key=key: step(o, *key))
     ops.busy(1)                                           # jmp op_done
 
 
