@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from wse.config import FabricConfig
+from wse.config import FabricConfig, Port
 from wse.host.compiler import trace
-from wse.host.compiler.network import TO_PE, TO_ROUTER, Network
-from wse.host.compiler.replay_routes import _MASK, _N, _NEVER, _TARGETS, _UP, _UP_AT, pack_routes
+from wse.host.compiler.network import TO_PE, TO_ROUTER, Network, Routes
+from wse.host.compiler.replay_routes import _MASK, _N, _NEVER, _RAMP_IN, _TARGETS, _UP, _UP_AT, pack_routes
 from wse.host.compiler.weight_streaming import plan
 
 
@@ -23,14 +23,14 @@ def _network(width, height, sizes, batch):
     return Network(exe_plan.config, exe_plan.routes)
 
 
-@pytest.mark.parametrize("mesh", [(8, 8), (5, 3), (6, 1), (1, 4)], ids=lambda m: f"{m[0]}x{m[1]}")
-def test_packed_rows_decode_to_the_network_routes(mesh):
-    network = _network(*mesh, (12, 40, 5), 8)
-    routes = network.routes()
-    upstream = network.upstream()
+def _check_decodes(routes, upstream):
+    """Every route's packed row gives back its tables (with and without ``upstream``), the rows
+    are distinct and every row is used."""
     rows, index = pack_routes(routes, upstream)
     bare_rows, bare_index = pack_routes(routes)
     assert index.dtype == np.int16 and rows.dtype == np.int32
+    for packed, number in ((rows, index), (bare_rows, bare_index)):
+        assert len(np.unique(packed, axis=0)) == packed.shape[0] == len(np.unique(number))
     routers, colors = routes.input_port.shape
     for r in range(routers):
         for c in range(colors):
@@ -41,6 +41,8 @@ def test_packed_rows_decode_to_the_network_routes(mesh):
             assert bare[_UP] == -2
             up = upstream[r, c]
             assert (row[_UP], r + row[_UP_AT] if row[_UP] == 0 else up) == ((0, up) if up >= 0 else (up, up))
+            assert row[_RAMP_IN] == bare[_RAMP_IN] == (routes.input_port[r, c] == int(Port.RAMP))
+            assert not row[_TARGETS + 2 * n:_RAMP_IN].any() and not bare[_TARGETS + 2 * n:_RAMP_IN].any()
             for k in range(n):
                 kind, target = routes.target_kind[r, c, k], routes.target[r, c, k]
                 got = row[_TARGETS + 2 * k]
@@ -52,6 +54,33 @@ def test_packed_rows_decode_to_the_network_routes(mesh):
                     assert got == kind
                 if kind in (TO_ROUTER, TO_PE):
                     assert r + row[_TARGETS + 2 * k + 1] == target
+                else:
+                    assert row[_TARGETS + 2 * k + 1] == 0
+
+
+@pytest.mark.parametrize("mesh", [(8, 8), (5, 3), (6, 1), (1, 4)], ids=lambda m: f"{m[0]}x{m[1]}")
+def test_packed_rows_decode_to_the_network_routes(mesh):
+    network = _network(*mesh, (12, 40, 5), 8)
+    _check_decodes(network.routes(), network.upstream())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_many_distinct_routes_pack_and_decode(seed):
+    """Random tables (targets anywhere, ports that accept or not): hundreds of distinct rows, so the
+    packer's table of rows grows and its hash slots are rebuilt, and every row still decodes."""
+    rng = np.random.default_rng(seed)
+    routers, colors, most = 60, 8, 5
+    n_targets = rng.integers(0, most + 1, (routers, colors))
+    kind = rng.integers(0, 3, (routers, colors, most))            # TO_ROUTER, TO_PE, TO_EDGE
+    target = rng.integers(0, routers, (routers, colors, most))
+    port = rng.integers(0, 5, (routers, colors, most))
+    input_port = rng.integers(0, 6, (routers, colors))
+    routes = Routes(input_port, rng.integers(0, 32, (routers, colors)), n_targets, kind, target, port, 2, 2, 4)
+    upstream = np.where(rng.random((routers, colors)) < 0.5, rng.integers(0, routers, (routers, colors)),
+                        rng.integers(-2, 0, (routers, colors)))
+    rows, _ = pack_routes(routes, upstream)
+    assert rows.shape[0] > 256
+    _check_decodes(routes, upstream)
 
 
 def test_routers_of_one_class_share_their_rows():

@@ -5,6 +5,7 @@ router and color (:func:`pack_routes`)."""
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from wse.config import Port
 
@@ -34,41 +35,98 @@ def pack_routes(routes: Routes, upstream: np.ndarray | None = None) -> tuple[np.
     distinct, and a router's 16 colors' row numbers (int16 where they fit) take
     one cache line instead of 16 rows (1 KiB). A neighbour router whose route
     does not take the color from this link can never accept it: its kind is
-    ``_NEVER``, marked once instead of checked every cycle."""
+    ``_NEVER``, marked once instead of checked every cycle. Fields past a route's
+    targets are 0, so equal routes give equal rows.
+
+    Compiled, one pass over the routes into a table of the distinct rows (numpy's
+    whole-table arrays and sort of every row's key took 11 s on the 750x994 mesh, for
+    8 distinct rows)."""
     routers, colors = routes.input_port.shape
-    table = np.zeros((routers, colors, 16), dtype=np.int32)
-    table[:, :, _N] = routes.n_targets
-    table[:, :, _MASK] = routes.output_mask
-    table[:, :, _UP] = -2
-    table[:, :, _RAMP_IN] = routes.input_port == int(Port.RAMP)
-    here = np.arange(routers, dtype=np.int64)
-    if upstream is not None:
-        table[:, :, _UP] = np.where(upstream >= 0, 0, upstream)
-        table[:, :, _UP_AT] = np.where(upstream >= 0, upstream - here[:, None], 0)
-    kind = routes.target_kind.copy()
-    c_index = np.broadcast_to(np.arange(colors)[None, :, None], kind.shape)
-    accepts = routes.input_port[routes.target, c_index] == routes.target_port
-    kind[(kind == TO_ROUTER) & ~accepts] = _NEVER
-    offset = np.where((kind == TO_ROUTER) | (kind == _NEVER) | (kind == TO_PE), routes.target - here[:, None, None], 0)
-    unused = np.arange(kind.shape[2])[None, None, :] >= routes.n_targets[:, :, None]
-    kind[unused], offset[unused] = 0, 0          # never read: equal rows stay equal
-    width = 2 * kind.shape[2]
-    table[:, :, _TARGETS:_TARGETS + width:2] = kind
-    table[:, :, _TARGETS + 1:_TARGETS + width:2] = offset
-    rows, index = _distinct_rows(table.reshape(-1, 16))
-    index = index.reshape(routers, colors).astype(np.int16 if rows.shape[0] <= 1 << 15 else np.int32)
-    return np.ascontiguousarray(rows, dtype=np.int32), index
+    has_up = upstream is not None
+    up = np.ascontiguousarray(upstream if has_up else np.zeros((1, 1)), dtype=np.int64)
+    rows, index = _pack(np.ascontiguousarray(routes.n_targets, dtype=np.int64),
+                        np.ascontiguousarray(routes.output_mask, dtype=np.int64),
+                        np.ascontiguousarray(routes.input_port, dtype=np.int64),
+                        np.ascontiguousarray(routes.target_kind, dtype=np.int64),
+                        np.ascontiguousarray(routes.target, dtype=np.int64),
+                        np.ascontiguousarray(routes.target_port, dtype=np.int64), up, has_up, int(Port.RAMP))
+    return rows, index.astype(np.int16 if rows.shape[0] <= 1 << 15 else np.int32)
 
 
-def _distinct_rows(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows, inverse)``: the distinct rows of ``flat`` and each row's number among them,
-    ``flat == rows[inverse]``. Grouped by a 64-bit key (a sort of integers, not of rows:
-    ``np.unique(axis=0)`` takes seconds on big meshes), then checked row for row; keys that
-    collide fall back to the sort of rows."""
-    weights = np.random.default_rng(0).integers(1, 1 << 62, size=flat.shape[1], dtype=np.int64) | 1
-    keys = (flat.astype(np.int64) * weights[None, :]).sum(axis=1)      # wraps: a hash
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    rows = flat[first]
-    if not np.array_equal(rows[inverse], flat):
-        rows, inverse = np.unique(flat, axis=0, return_inverse=True)
-    return rows, inverse.reshape(-1)
+@njit(cache=True)
+def _pack(n_targets, output_mask, input_port, target_kind, target, target_port, upstream, has_up, ramp):
+    """:func:`pack_routes`' rows and index: each route's row built in place and looked up by its
+    64-bit hash in an open-addressing table of row numbers (rows compared in full on a hit)."""
+    routers, colors = n_targets.shape
+    index = np.empty((routers, colors), np.int32)
+    rows = np.zeros((64, 16), np.int32)
+    count = 0
+    slots = np.full(256, -1, np.int64)
+    row = np.zeros(16, np.int32)
+    for r in range(routers):
+        for c in range(colors):
+            row[:] = 0
+            n = n_targets[r, c]
+            row[_N] = n
+            row[_MASK] = output_mask[r, c]
+            row[_UP] = -2
+            if has_up:
+                u = upstream[r, c]
+                row[_UP] = 0 if u >= 0 else u
+                row[_UP_AT] = u - r if u >= 0 else 0
+            row[_RAMP_IN] = 1 if input_port[r, c] == ramp else 0
+            for k in range(n):
+                kind, to = target_kind[r, c, k], target[r, c, k]
+                if kind == TO_ROUTER and input_port[to, c] != target_port[r, c, k]:
+                    kind = _NEVER
+                row[_TARGETS + 2 * k] = kind
+                row[_TARGETS + 2 * k + 1] = to - r if kind == TO_ROUTER or kind == _NEVER or kind == TO_PE else 0
+            mask = slots.shape[0] - 1
+            at = np.int64(_hash16(row) & np.uint64(mask))
+            while True:
+                i = slots[at]
+                if i < 0:           # a new row
+                    if count == rows.shape[0]:
+                        grown = np.zeros((2 * count, 16), np.int32)
+                        grown[:count] = rows
+                        rows = grown
+                    rows[count] = row
+                    slots[at] = count
+                    index[r, c] = count
+                    count += 1
+                    if 2 * count > slots.shape[0]:      # rehash into twice the slots
+                        slots = _rehash(rows, count, 2 * slots.shape[0])
+                    break
+                same = True
+                for f in range(16):
+                    if rows[i, f] != row[f]:
+                        same = False
+                        break
+                if same:
+                    index[r, c] = i
+                    break
+                at = (at + 1) & mask
+    return rows[:count].copy(), index
+
+
+@njit(cache=True, inline="always")
+def _hash16(row):
+    """A 64-bit hash of a 16-field row (FNV-style, each field's 32 bits mixed in)."""
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for f in range(16):
+        h = (h ^ np.uint64(np.int64(row[f]) & 0xFFFFFFFF)) * np.uint64(0x100000001B3)
+        h ^= h >> np.uint64(29)
+    return h
+
+
+@njit(cache=True)
+def _rehash(rows, count, size):
+    """Open-addressing slots of size ``size`` holding rows ``0 .. count - 1``."""
+    slots = np.full(size, -1, np.int64)
+    mask = size - 1
+    for i in range(count):
+        at = np.int64(_hash16(rows[i]) & np.uint64(mask))
+        while slots[at] >= 0:
+            at = (at + 1) & mask
+        slots[at] = i
+    return slots
