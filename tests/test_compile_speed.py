@@ -428,6 +428,31 @@ def test_the_forward_and_input_gradient_gemms_of_a_square_layer_share_one_replay
     assert memo.hits == 1 and counts["fwd 2"] != counts["bwd-data 2"]
 
 
+def test_the_route_tables_are_hashed_once_per_network(monkeypatch):
+    """The memo's key takes the route tables' digest once per network (they are most of a big mesh's
+    inputs): later phases hash only their own inputs; another network with the same tables keys
+    alike, one whose tables differ does not, and a changed table of the same network is hashed again."""
+    from wse.host.compiler import cycles
+    torch.manual_seed(0)
+    exe_plan = plan(trace(mlp(5, 30, 30, 3), torch.randn(6, 5)), FabricConfig(width=3, height=2), 6)
+    network = Network(exe_plan.config, exe_plan.routes)
+    hashed = []
+    real = cycles._digest_array
+    monkeypatch.setattr(cycles, "_digest_array", lambda digest, a: (hashed.append(a), real(digest, a)))
+    keys = {name: cycles.MEMO.key(network, *phase_ops(exe_plan, phase), phase_injections(phase))[0]
+            for name, phase in exe_plan.phases.items()}
+    tables = [a for a in hashed if a is network.target]
+    assert len(tables) == 1 and len(set(keys.values())) > 1
+    fwd = exe_plan.phases["fwd 0"]
+    twin = Network(exe_plan.config, exe_plan.routes)
+    assert cycles.MEMO.key(twin, *phase_ops(exe_plan, fwd), phase_injections(fwd))[0] == keys["fwd 0"]
+    other = Network(exe_plan.config, exe_plan.routes[:-1])
+    assert cycles.MEMO.key(other, *phase_ops(exe_plan, fwd), phase_injections(fwd))[0] != keys["fwd 0"]
+    twin.target = twin.target.copy()
+    twin.target[0, 0, 0] += 1
+    assert cycles.MEMO.key(twin, *phase_ops(exe_plan, fwd), phase_injections(fwd))[0] != keys["fwd 0"]
+
+
 def test_a_pe_done_before_a_skipped_period_keeps_its_exit():
     """A long closing BUSY on a PE that finishes early (a column without tokens) must not be
     moved on by the periods skipped after it finished: memo count = full replay."""
