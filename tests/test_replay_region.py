@@ -486,6 +486,39 @@ def test_the_replays_rate_counts_plain_replay_only(monkeypatch):
     assert search.rates[3] == 250
 
 
+def test_no_try_where_tries_in_a_row_did_not_pay(monkeypatch):
+    """Tries are judged where the watched PE stands in its round: once ``POINT_LOSSES`` tries in a
+    row did not pay at one point (a round's boundary), none is made there again, while tries
+    elsewhere that pay (a fill's) go on and do not make the losing point's tries look cheap."""
+    from types import SimpleNamespace
+    clock = [0.0]
+    monkeypatch.setattr(replay_region.time, "thread_time", lambda: clock[0])
+    monkeypatch.setattr(replay_region, "MIN_CELLS", 1)
+    monkeypatch.setattr(replay_region.RegionSearch, "_signature", staticmethod(lambda now: np.zeros(4, np.int64)))
+    scalars = np.zeros(8, np.int64)
+    attempts = []
+
+    def attempt(self, period, queues, cores, events, scalars_, limit):
+        where = self._where
+        attempts.append(where)
+        scalars_[engine._T] += 400
+        clock[0] += 40.0 if where == 1 else 4000.0       # a plain cycle costs 1 s: point 1 pays, point 0 not
+        return engine._STOPPED
+
+    monkeypatch.setattr(replay_region.RegionSearch, "_attempt", attempt)
+    routes = SimpleNamespace(router_depth=2, rx_depth=2, tx_depth=4)
+    search = replay_region.RegionSearch(routes, None, None)
+    queues = SimpleNamespace(router_fifo=np.zeros((4, 16), np.int8))
+    for k in range(200):
+        scalars[engine._T] += 100           # a stretch of plain replay: 100 cycles, 100 s
+        clock[0] += 100.0
+        search.stop({"t": int(scalars[engine._T])}, queues, None, None, scalars, 1 << 40, True, k % 2)
+    losses = [where for _, where, paid in search.tried if not paid]
+    assert losses == [0] * replay_region.POINT_LOSSES and attempts.count(0) == replay_region.POINT_LOSSES
+    assert all(paid for _, where, paid in search.tried if where == 1) and attempts.count(1) > 10
+    assert search.tried[-1][1] == 1 and search.tried[-1][0] > 10_000
+
+
 def _period_end_read_in_full(ops, rec, period, base):
     """:func:`~wse.host.compiler.replay_region_steps._period_end`'s answers from every cell's record
     and op rows: shifts, closing, and the moving cells whose rows do not repeat one more period."""

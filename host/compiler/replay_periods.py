@@ -530,7 +530,9 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
     state that is not fresh; an ``extra`` state (:mod:`.replay_columns`) is
     compared, kept, shifted by skips and set by jumps with the fabric's. A ``region``
     (:class:`.replay_region.RegionSearch`) is offered every stop that skipped nothing, told whether
-    the watched PE is in its first round."""
+    the watched PE is in its first round and where it stands in its round (which of
+    :data:`.replay_region.POINTS` equal parts of it)."""
+    from .replay_region import POINTS as region_points
     colors = routes.input_port.shape[1]
     scalars = _new_scalars(cores.pc, ports, watch) if scalars is None else scalars
     base = int(cores.pc[watch])
@@ -624,8 +626,9 @@ def run_with_periods(routes, ports, ops, queues, cores, events, limit: int, watc
         if _jump(transitions, key, now, ops, state, cores, ports, scalars, limit):
             previous = None
             landed = True
-        elif region is not None and (moved := region.stop(now, queues, cores, events, scalars, limit,
-                                                          not outer or int(cores.pc[watch]) - base < outer)) is not None:
+        elif region is not None and (moved := region.stop(
+                now, queues, cores, events, scalars, limit, not outer or int(cores.pc[watch]) - base < outer,
+                (int(cores.pc[watch]) - base) % outer * region_points // outer if outer else None)) is not None:
             if moved != _STOPPED:       # the run ended while the region replay recorded its period
                 return _result(moved, scalars)
             scalars[_SEEN_PC] = next_stop()     # the state is the run's at a later cycle

@@ -111,6 +111,15 @@ MIN_PERIOD = 32
 #: (False: the round boundaries above are in later rounds; the cost rule of :class:`RegionSearch` stops
 #: the tries where they do not pay, as in the streamed GEMMs' later rounds).
 FIRST_ROUND_ONLY = False
+#: No try is made where the watched PE stands in its round once this many tries in a row there did
+#: not pay: the wafer's streamed GEMM lost about 16 CPU s at each of its round boundaries (a record
+#: of its 106-cycle period and a region that outgrew the cap), round after round, while the fill's
+#: try, which paid, kept the tries' average below the plain replay's.
+POINT_LOSSES = 2
+#: Where the watched PE stands is told as which of this many equal parts of its round it is in (the
+#: tries at the streamed GEMM's boundaries on 256x994 began at op rows 4,302 and 4,293 of rounds a
+#: few stops apart).
+POINTS = 16
 #: The fewest PEs a mesh must have for a try: a smaller mesh's replay costs less than a record
 #: (FC-MNIST's cycle model on 16x16 took 1.8 CPU s with tries, 0.43 without; the 1024-wide MLP's on
 #: 32x32 1.17 against 1.06, the 2048-wide one's on 64x64 the same; the 4096-wide one's on 128x128
@@ -192,7 +201,11 @@ class RegionSearch:
     search skips, a region replay that steps every cycle does not pay). A
     try that did not pay makes the next proposals wait 1, 4, 16, ... times;
     after three that did not pay, none is tried while the tries so far cost
-    more a cycle than the replay without them. ``runs`` lists each region
+    more a cycle than the replay without them; and none is tried again where
+    the watched PE stands in its round (``where``) once :data:`POINT_LOSSES`
+    tries in a row there did not pay (a round's boundary comes back every
+    round, and a try that paid elsewhere, a fill's, does not make it pay).
+    ``tried`` lists every try as ``(cycle, where, paid)``. ``runs`` lists each region
     replay as ``(first cycle, cycle it ended at, why)`` (why: ``"region"``, the
     stepped PEs grew too many; ``"still"``, the background stood still;
     ``"limit"``; ``"open"``, the record's period did not close for too many
@@ -211,6 +224,9 @@ class RegionSearch:
         # Cycles the region replay stepped, cells it stepped, deviant cells, trace rows, cells spilled into.
         self.stats = np.zeros(5, np.int64)
         self.trace = np.zeros((0, 3), np.int64)     # room for (cycle, stepped, deviant) rows: see _region
+        self.lost: dict = {}            # tries in a row that did not pay, by where the watched PE stood
+        self.tried: list = []           # (cycle, where, paid) of every try
+        self._where = None
 
     @staticmethod
     def _signature(now: dict) -> np.ndarray:
@@ -219,15 +235,17 @@ class RegionSearch:
         return _cell_hashes(fifo, rx, rel["tx"], rel["done"], rel["free"].astype(np.int32),
                             rel["index"].astype(np.int32), rel["written"], rel["writes"])
 
-    def stop(self, now: dict, queues, cores, events, scalars, limit: int, first_round: bool = True):
+    def stop(self, now: dict, queues, cores, events, scalars, limit: int, first_round: bool = True, where=None):
         """Try the region replay at this stop (``first_round``: the watched PE is in its first
-        round): None if nothing ran (the state is as it was), else the replay's status from the
-        state it left (:data:`.replay._STOPPED`: going on from a later cycle; :data:`.replay._FINISHED`
-        or a hang: the run ended while the period was recorded)."""
+        round; ``where``: which of :data:`POINTS` parts of its round it is in, the point a try is
+        judged at, None for none): None if nothing ran (the state is as it was), else the replay's
+        status from the state it left (:data:`.replay._STOPPED`: going on from a later cycle;
+        :data:`.replay._FINISHED` or a hang: the run ended while the period was recorded)."""
         cells, colors = queues.router_fifo.shape
         if (FIRST_ROUND_ONLY and not first_round) or cells < MIN_CELLS or \
                 max(self.routes.router_depth, self.routes.rx_depth) > MAX_DEPTH:
             return None
+        self._where = where
         t, sig = int(now["t"]), self._signature(now)
         if self._since is not None:
             self.rates[2:] += (time.thread_time() - self._since[0], t - self._since[1])
@@ -258,13 +276,20 @@ class RegionSearch:
         if self.wait > 0 or (self.failed >= 3 and tries * replayed >= normal * tried):
             self.wait = max(0, self.wait - 1)
             return None
+        where = self._where
+        if where is not None and self.lost.get(where, 0) >= POINT_LOSSES:
+            return None
         spent = time.thread_time()
         status = self._attempt(period, queues, cores, events, scalars, limit)
         if status is None:          # too close to the limit: nothing was tried
             return None
         spent, moved = time.thread_time() - spent, int(scalars[_T]) - t
         self.rates[:2] += (spent, moved)
-        if spent * replayed < normal * moved:
+        paid = bool(spent * replayed < normal * moved)
+        self.tried.append((t, where, paid))
+        if where is not None:
+            self.lost[where] = 0 if paid else self.lost.get(where, 0) + 1
+        if paid:
             self.backoff = 1
         else:
             self.failed += 1
