@@ -55,6 +55,71 @@ def test_shared_records_equal_records_built_pe_by_pe(mesh, sizes, batch, monkeyp
         assert any(a is b for row in fwd for a, b in zip(row[1] or [], row[2] or []))
 
 
+@pytest.mark.parametrize("mesh,sizes,batch", CASES + [((2, 5), (7, 23, 17, 3), 6)],
+                         ids=[f"{m[0]}x{m[1]}-b{b}" for m, _, b in CASES] + ["2x5-b6"])
+@pytest.mark.parametrize("spread", [True, False])
+def test_weight_gradient_streams_are_the_step_by_step_scatter(mesh, sizes, batch, spread, monkeypatch):
+    """Row ``i``'s weight-gradient stream, built from one slice of the rows' outputs laid out
+    twice, is the rotation's scatter step by step: at step ``s`` the outputs of row ``(i - s) mod H``
+    times the row's input features, step 0 with each output's bias."""
+    made = []
+    real = ws_phases.build
+    monkeypatch.setattr(ws_phases, "build", lambda ctx: (made.append(ctx), real(ctx))[1])
+    from wse.host.compiler import weight_streaming
+    monkeypatch.setattr(weight_streaming, "SPREAD", spread)
+    the_plan = _plan(mesh, sizes, batch)
+    ctx = made[0]
+    H = ctx.H
+    for l, layer in enumerate(ctx.layers, start=1):
+        rows_x, rows_dy = ctx.rows(l - 1, layer.k), ctx.rows(l, layer.o)
+        expected = []
+        for i in range(H):
+            steps = []
+            for step in range(H):
+                outs = np.asarray(rows_dy[(i - step) % H], dtype=np.int64)
+                part = outs[:, None] * layer.k + np.asarray(rows_x[i], dtype=np.int64)[None, :]
+                if layer.bias is not None and step == 0:
+                    part = np.concatenate([part, (layer.o * layer.k + outs)[:, None]], axis=1)
+                steps.append(part.ravel())
+            expected.append((i, np.concatenate(steps)))
+        got = [(stream.index, stream.scatter) for stream in the_plan.phases[f"bwd-weight {layer.name}"].streams_out]
+        expected = [(i, scatter) for i, scatter in expected if len(scatter)]
+        assert [i for i, _ in got] == [i for i, _ in expected]
+        assert all(a.dtype == np.int64 and np.array_equal(a, b) for (_, a), (_, b) in zip(got, expected))
+
+
+@pytest.mark.parametrize("mesh,sizes,batch", CASES + [((10, 2), (8, 60, 60, 4), 23)],
+                         ids=[f"{m[0]}x{m[1]}-b{b}" for m, _, b in CASES] + ["10x2-b23"])
+def test_transfer_maps_built_by_column_blocks_equal_pe_by_pe(mesh, sizes, batch, monkeypatch):
+    """The host's index maps, built for all columns of one token-block size and list of passes at
+    once, equal the maps built PE by PE: the input feature-major and token-major, the one-hot pass
+    by pass, the logits, and each column's tokens for the loss scale (uneven blocks, token passes,
+    one row, one column)."""
+    made = []
+    real = ws_phases.build
+    monkeypatch.setattr(ws_phases, "build", lambda ctx: (made.append(ctx), real(ctx))[1])
+    maps = _plan(mesh, sizes, batch).transfers
+    ctx = made[0]
+    H, W, L = ctx.H, ctx.config.width, len(ctx.layers)
+    K, C = ctx.layers[0].k, ctx.layers[-1].o
+    for name, (region, l, features, width, major) in {
+            "x": ("act0", 0, K, K, "feature"), "xtm": ("act0tm", 0, K, K, "token"),
+            "onehot": ("onehot", L, C, C, "pass"), "scale": ("scale", L, 0, 0, "tokens"),
+            "logits": (f"act{L}", L, C, C, "feature")}.items():
+        addr, words = ctx.mem.regions[region]
+        index = np.full((H, W, words), -1, dtype=np.int64)
+        rows = ctx.rows(l, features)
+        for i in range(H):
+            for j in range(ctx.columns):
+                toks = np.asarray(ctx.tokens[j], dtype=np.int64)
+                grid = toks[None, :] * width + np.asarray(rows[i], dtype=np.int64)[:, None]   # [feature][token]
+                flat = {"feature": grid.ravel(), "token": grid.T.ravel(), "tokens": toks,
+                        "pass": np.concatenate([grid[:, off:off + t].ravel() for off, t in ctx.token_passes(j)]
+                                               or [np.zeros(0, np.int64)])}[major]
+                index[i, j, :flat.size] = flat
+        assert maps[name][0] == addr and np.array_equal(maps[name][1], index), name
+
+
 def test_shared_sparse_records_equal_records_built_pe_by_pe(monkeypatch):
     """The same for a masked layer's sparse GEMM and weight gradients."""
     torch.manual_seed(0)

@@ -381,17 +381,22 @@ def _wgrad(ctx: Context, layer: WSLayer, l: int) -> tuple[list, list, int]:
     records = _per_pe(ctx, make, key=lambda i, j, T: (i, T, j % 2, j == 0))   # ein, eout: by column parity
     streams = []
     n_weight = layer.o * layer.k
+    # Row i's outputs in rotation order, rows i, i - 1, ..., i + 1 (mod H): a slice of the rows'
+    # outputs laid out from row H - 1 down to row 0, twice (H^2 small arrays a layer before: 6 s
+    # on 994 rows).
+    down = [np.asarray(rows_dy[r], dtype=np.int64) for r in range(H - 1, -1, -1)]
+    twice = np.concatenate(down + down) if H else np.zeros(0, np.int64)
+    begins = np.concatenate([[0], np.cumsum([len(d) for d in down])])
+    total = int(begins[-1])
     for i in range(H):
-        feats = rows_x[i]
-        parts = []
-        for s in range(H):
-            r = (i - s) % H
-            outs = rows_dy[r]
-            part = outs[:, None] * layer.k + feats[None, :]
-            if bias and s == 0:
-                part = np.concatenate([part, (n_weight + outs)[:, None]], axis=1)
-            parts.append(part.ravel())
-        scatter = np.concatenate(parts).astype(np.int64)
+        feats = np.asarray(rows_x[i], dtype=np.int64)
+        first = H - 1 - i                              # row i's place in the rows laid out downwards
+        outs = twice[begins[first]:begins[first] + total]
+        own = len(rows_dy[i])                          # step 0's outputs, row i's own
+        head = outs[:own, None] * layer.k + feats[None, :]
+        if bias:
+            head = np.concatenate([head, (n_weight + outs[:own])[:, None]], axis=1)
+        scatter = np.concatenate([head.ravel(), (outs[own:, None] * layer.k + feats[None, :]).ravel()])
         if len(scatter):
             tensors = (layer.weight,) + ((layer.bias,) if bias else ())
             streams.append(StreamOut("E", i, EAST[ctx.columns % 2], tensors, scatter))
@@ -632,23 +637,31 @@ def transfers(ctx: Context) -> dict:
     K, C = ctx.layers[0].k, ctx.layers[-1].o
     L = len(ctx.layers)
 
+    # Columns whose token blocks have one size and one list of passes, built together (PE by PE,
+    # the wafer's five maps took 15 s).
+    groups: dict = {}
+    for j in range(ctx.columns):
+        toks = np.asarray(ctx.tokens[j], dtype=np.int64)
+        if len(toks):
+            groups.setdefault((len(toks), tuple(ctx.token_passes(j))), []).append((j, toks))
+    blocks = [(np.array([j for j, _ in members]), np.stack([t for _, t in members]), passes)
+              for (_, passes), members in groups.items()]
+
     def build_map(region: str, l: int, features: int, width: int, token_major: bool, per_token: bool = False):
         addr, words = ctx.mem.regions[region]
         index = np.full((H, W, words), -1, dtype=np.int64)
         rows = ctx.rows(l, features)
-        for i in range(H):
-            feats = rows[i]
-            for j in range(ctx.columns):
-                toks = np.asarray(ctx.tokens[j])
-                if per_token:
-                    index[i, j, :len(toks)] = toks
-                    continue
-                grid = toks[None, :] * width + feats[:, None]        # [feature][token]
-                if region == "onehot":                                 # pass by pass: [pass][class][token]
-                    flat = np.concatenate([grid[:, off:off + t].ravel() for off, t in ctx.token_passes(j)])
+        for cols, toks, passes in blocks:           # toks: [column][token]
+            if per_token:
+                index[:, cols, :toks.shape[1]] = toks[None]
+                continue
+            for i in range(H):
+                grid = toks[:, None, :] * width + np.asarray(rows[i], dtype=np.int64)[None, :, None]
+                if region == "onehot":              # [column][feature][token], pass by pass: [pass][class][token]
+                    flat = np.concatenate([grid[:, :, off:off + t].reshape(len(cols), -1) for off, t in passes], axis=1)
                 else:
-                    flat = grid.T.ravel() if token_major else grid.ravel()
-                index[i, j, :flat.size] = flat
+                    flat = (grid.transpose(0, 2, 1) if token_major else grid).reshape(len(cols), -1)
+                index[i, cols, :flat.shape[1]] = flat
         return addr, index
 
     return {"x": build_map("act0", 0, K, K, False), "xtm": build_map("act0tm", 0, K, K, True),
