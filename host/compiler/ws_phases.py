@@ -318,7 +318,8 @@ def _per_pe(ctx: Context, make, key=lambda i, j, T: (i, T)) -> list:
         if k not in memo:
             memo[k] = make(i, j, T)
         return memo[k]
-    return [[one(i, j, ctx.T(j)) if ctx.T(j) else None for j in range(ctx.config.width)] for i in range(ctx.H)]
+    tokens = [ctx.T(j) for j in range(ctx.config.width)]
+    return [[one(i, j, T) if T else None for j, T in enumerate(tokens)] for i in range(ctx.H)]
 
 
 def _relu(ctx: Context, l: int, features: int) -> list:
@@ -543,7 +544,7 @@ def _softmax(ctx: Context, l: int) -> tuple[list, int]:
                     fn=rec.dsd_mem(a("fb"), n), rn=rec.dsd_mem(a("rb"), n),
                     onehot=rec.dsd_mem(a("onehot") + ci * off, t), scale=rec.dsd_mem(a("scale") + off, t),
                     dz=rec.dsd_mem(dz, t)), table=[counts_of[(i - s) % H] for s in range(H)])
-    fmacs = sum(2 * classes * ctx.T(j) for j in range(ctx.config.width) for i in range(H) if counts_of[i])
+    fmacs = 2 * classes * sum(ctx.T(j) for j in range(ctx.config.width)) * sum(1 for i in range(H) if counts_of[i])
     return parts, fmacs
 
 
