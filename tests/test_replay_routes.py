@@ -28,7 +28,7 @@ def _check_decodes(routes, upstream):
     are distinct and every row is used."""
     rows, index = pack_routes(routes, upstream)
     bare_rows, bare_index = pack_routes(routes)
-    assert index.dtype == np.int16 and rows.dtype == np.int32
+    assert index.dtype == (np.int8 if rows.shape[0] <= 128 else np.int16) and rows.dtype == np.int32
     for packed, number in ((rows, index), (bare_rows, bare_index)):
         assert len(np.unique(packed, axis=0)) == packed.shape[0] == len(np.unique(number))
     routers, colors = routes.input_port.shape
@@ -90,3 +90,49 @@ def test_routers_of_one_class_share_their_rows():
     assert len(np.unique(index)) == rows.shape[0]          # every row is used
     assert rows.shape[0] * 8 <= routers * colors           # one row per router and color before
     assert len(np.unique(rows, axis=0)) == rows.shape[0]   # distinct
+
+
+def _one_by_one(config, routes):
+    """The route tables written entry by entry, in order (the last entry of a router and color holds)."""
+    from wse.config import ROUTE_INPUT_NONE, route_outputs
+    W, H, C = config.width, config.height, config.colors
+    tables = {"input_port": np.full((W * H, C), ROUTE_INPUT_NONE, dtype=np.int64)}
+    for name in ("output_mask", "n_targets"):
+        tables[name] = np.zeros((W * H, C), dtype=np.int64)
+    for name in ("target_kind", "target", "target_port"):
+        tables[name] = np.zeros((W * H, C, 5), dtype=np.int64)
+    for x, y, color, inp, outputs in routes:
+        r = y * W + x
+        tables["input_port"][r, color] = ROUTE_INPUT_NONE if inp is None else int(Port(inp))
+        mask, outs = route_outputs(x, y, outputs, W, H)
+        for k, (port, neighbour) in enumerate(outs):       # a field a kind does not use keeps its value
+            if port is Port.RAMP:
+                tables["target_kind"][r, color, k], tables["target"][r, color, k] = TO_PE, r
+            elif neighbour is not None:
+                tables["target_kind"][r, color, k], tables["target"][r, color, k] = TO_ROUTER, neighbour
+                tables["target_port"][r, color, k] = int(port.opposite)
+            else:
+                tables["target_kind"][r, color, k] = 2
+        tables["output_mask"][r, color] = mask
+        tables["n_targets"][r, color] = len(outs)
+    return tables
+
+
+@pytest.mark.parametrize("mesh", [(8, 8), (5, 3), (6, 1), (1, 4), (1, 1)], ids=lambda m: f"{m[0]}x{m[1]}")
+@pytest.mark.parametrize("repeat", [False, True])
+def test_network_tables_written_by_kind_equal_entry_by_entry(mesh, repeat):
+    """The network's tables, written for all entries alike but for where they are at once, equal the
+    tables written entry by entry (edges, corners, one row, one column); with an entry repeated for
+    a router and color (another input and outputs, then the first again) the last one holds."""
+    torch.manual_seed(0)
+    config = FabricConfig(width=mesh[0], height=mesh[1])
+    exe_plan = plan(trace(nn.Sequential(nn.Linear(12, 40), nn.ReLU(), nn.Linear(40, 5)), torch.randn(8, 12)),
+                    config, 8)
+    routes = list(exe_plan.routes)
+    if repeat:
+        x, y, color, inp, outputs = routes[0]
+        routes += [(x, y, color, Port.RAMP, (Port.N, Port.E, Port.S, Port.W, Port.RAMP)), routes[0],
+                   (x, y, color, None, (Port.E,))]
+    network = Network(config, routes)
+    for name, table in _one_by_one(config, routes).items():
+        assert np.array_equal(getattr(network, name), table), name

@@ -32,8 +32,8 @@ def pack_routes(routes: Routes, upstream: np.ndarray | None = None) -> tuple[np.
     takes the color from the ramp (an output queue's head may enter: the engines
     read it beside the targets instead of the int64 ``Routes.input_port``). Targets are relative to the
     router, so the routers of one class share their rows: the rows are
-    distinct, and a router's 16 colors' row numbers (int16 where they fit) take
-    one cache line instead of 16 rows (1 KiB). A neighbour router whose route
+    distinct, and a router's 16 colors' row numbers (int8, or int16, where they fit)
+    take a quarter of a cache line instead of 16 rows (1 KiB). A neighbour router whose route
     does not take the color from this link can never accept it: its kind is
     ``_NEVER``, marked once instead of checked every cycle. Fields past a route's
     targets are 0, so equal routes give equal rows.
@@ -50,7 +50,8 @@ def pack_routes(routes: Routes, upstream: np.ndarray | None = None) -> tuple[np.
                         np.ascontiguousarray(routes.target_kind, dtype=np.int64),
                         np.ascontiguousarray(routes.target, dtype=np.int64),
                         np.ascontiguousarray(routes.target_port, dtype=np.int64), up, has_up, int(Port.RAMP))
-    return rows, index.astype(np.int16 if rows.shape[0] <= 1 << 15 else np.int32)
+    fits = [kind for kind in (np.int8, np.int16) if rows.shape[0] <= np.iinfo(kind).max + 1]
+    return rows, index.astype(fits[0] if fits else np.int32)
 
 
 @njit(cache=True)
