@@ -496,10 +496,10 @@ def test_no_try_where_tries_in_a_row_did_not_pay(monkeypatch):
     monkeypatch.setattr(replay_region, "MIN_CELLS", 1)
     monkeypatch.setattr(replay_region.RegionSearch, "_signature", staticmethod(lambda now: np.zeros(4, np.int64)))
     scalars = np.zeros(8, np.int64)
-    attempts = []
+    attempts, point = [], [None]      # point: where the watched PE stands at the stop being offered
 
     def attempt(self, period, queues, cores, events, scalars_, limit):
-        where = self._where
+        where = point[0]
         attempts.append(where)
         scalars_[engine._T] += 400
         clock[0] += 40.0 if where == 1 else 4000.0       # a plain cycle costs 1 s: point 1 pays, point 0 not
@@ -512,7 +512,8 @@ def test_no_try_where_tries_in_a_row_did_not_pay(monkeypatch):
     for k in range(200):
         scalars[engine._T] += 100           # a stretch of plain replay: 100 cycles, 100 s
         clock[0] += 100.0
-        search.stop({"t": int(scalars[engine._T])}, queues, None, None, scalars, 1 << 40, True, k % 2)
+        point[0] = k % 2
+        search.stop({"t": int(scalars[engine._T])}, queues, None, None, scalars, 1 << 40, True, point[0])
     losses = [where for _, where, paid in search.tried if not paid]
     assert losses == [0] * replay_region.POINT_LOSSES and attempts.count(0) == replay_region.POINT_LOSSES
     assert all(paid for _, where, paid in search.tried if where == 1) and attempts.count(1) > 10

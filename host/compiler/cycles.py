@@ -121,8 +121,7 @@ class ReplayMemo:
     @staticmethod
     def _inputs(network: Network, ops, starts, ends, inject) -> tuple:
         cfg = network.config
-        tables = (network.input_port, network.output_mask, network.n_targets, network.target_kind,
-                  network.target, network.target_port)
+        tables = tuple(getattr(network, name) for name in _TABLE_FIELDS)
         depths = np.array([cfg.router_depth, cfg.rx_depth, cfg.tx_depth], dtype=np.int64)
         feed = np.array([(ord(edge), index, color, count) for (edge, index), colors in sorted(inject.items())
                          for color, count in sorted(colors.items())], dtype=np.int64).reshape(-1, 4)
@@ -186,7 +185,8 @@ MEMO = ReplayMemo()
 
 # The route tables lead ReplayMemo._inputs; their digest is taken once per network (the 750x994 mesh's
 # take 1.7 GB, 3 s a phase to hash).
-_TABLES = 6
+_TABLE_FIELDS = ("input_port", "output_mask", "n_targets", "target_kind", "target", "target_port")
+_TABLES = len(_TABLE_FIELDS)
 
 
 def _digest_array(digest, a: np.ndarray) -> None:

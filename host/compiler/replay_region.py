@@ -226,7 +226,6 @@ class RegionSearch:
         self.trace = np.zeros((0, 3), np.int64)     # room for (cycle, stepped, deviant) rows: see _region
         self.lost: dict = {}            # tries in a row that did not pay, by where the watched PE stood
         self.tried: list = []           # (cycle, where, paid) of every try
-        self._where = None
 
     @staticmethod
     def _signature(now: dict) -> np.ndarray:
@@ -245,11 +244,10 @@ class RegionSearch:
         if (FIRST_ROUND_ONLY and not first_round) or cells < MIN_CELLS or \
                 max(self.routes.router_depth, self.routes.rx_depth) > MAX_DEPTH:
             return None
-        self._where = where
         t, sig = int(now["t"]), self._signature(now)
         if self._since is not None:
             self.rates[2:] += (time.thread_time() - self._since[0], t - self._since[1])
-        result = self._offer(t, sig, cells, colors, queues, cores, events, scalars, limit)
+        result = self._offer(t, sig, cells, colors, queues, cores, events, scalars, limit, where)
         self._since = (time.thread_time(), int(scalars[_T]))
         return result
 
@@ -257,7 +255,7 @@ class RegionSearch:
         """The period search skipped or jumped: the replay's rate between stops counts plain replay only."""
         self.quiet, self._since = 0, None
 
-    def _offer(self, t, sig, cells, colors, queues, cores, events, scalars, limit):
+    def _offer(self, t, sig, cells, colors, queues, cores, events, scalars, limit, where):
         budget = RECORD_BYTES // max(1, record_bytes(1, cells, colors, self.routes.tx_depth) // 2)
         kept = dict(self.signatures)
         period = None
@@ -276,7 +274,6 @@ class RegionSearch:
         if self.wait > 0 or (self.failed >= 3 and tries * replayed >= normal * tried):
             self.wait = max(0, self.wait - 1)
             return None
-        where = self._where
         if where is not None and self.lost.get(where, 0) >= POINT_LOSSES:
             return None
         spent = time.thread_time()
