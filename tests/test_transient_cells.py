@@ -1,0 +1,106 @@
+"""``bench/transient_cells.py``: its cell hashes are the region replay's, its phase ends at the cycle
+model's count, and a cell counts as aperiodic exactly when its state or its op rows' pace differs
+from a period before."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import transient_cells  # noqa: E402
+from compile_speed import planned_phase  # noqa: E402
+
+
+def _phase(mesh=(4, 64), width=264, batch=32, phase="fwd 0"):
+    from wse.host.compiler import cycles
+    case = argparse.Namespace(mesh=list(mesh), sizes=[width, width, width, 10], batch=batch, phase=phase,
+                              layout="spread")
+    config, plan, the_phase = planned_phase(case)
+    ops, starts, ends = cycles.phase_ops(plan, the_phase)
+    return cycles.Network(config, plan.routes), ops, starts, ends, cycles.phase_injections(the_phase)
+
+
+@pytest.mark.parametrize("phase", ["fwd 0", "bwd-data 4"])
+def test_the_hashes_are_the_region_replays_signatures(phase):
+    """At every cycle of the first 300, each cell's hash equals the region replay's signature of the
+    period search's snapshot (the state the region replay compares), pending writes included."""
+    from wse.host.compiler.replay import _OUT_OF_TIME, _run
+    from wse.host.compiler.replay_periods import _snapshot
+    from wse.host.compiler.replay_region import RegionSearch
+    from wse.host.compiler.replay_state import _WRITE, fresh_run
+    network, ops, starts, _, inject = _phase(phase=phase)
+    routes, ports, ops, queues, cores, events, scalars = fresh_run(network, ops, starts, inject)
+    colors = routes.input_port.shape[1]
+    writes = np.full(cores.pc.shape[0], -1, np.int8)
+    pending = 0
+    for t in range(1, 301):
+        assert _run(routes, ports, ops, queues, cores, events, scalars, t, -1) == _OUT_OF_TIME
+        writes[:] = -1
+        n = events.count[_WRITE]
+        pending += n
+        writes[events.who[_WRITE, :n]] = events.color[_WRITE, :n]
+        ours = transient_cells.cell_hashes(queues, cores, writes, t)
+        theirs = RegionSearch._signature(_snapshot(queues, cores, events, ports, t, colors, scalars))
+        assert np.array_equal(ours, theirs), t
+    assert pending > 0
+
+
+def test_the_phase_ends_at_the_cycle_models_count_and_cells_settle():
+    """4x64, four or five features a row: the stepped phase's cycles are the cycle model's count, every
+    cell counts before two periods, none beyond the mesh, and after the fill every cell is periodic
+    for a while (the steady 106-cycle step)."""
+    from wse.host.compiler import replay
+    from wse.host.compiler.replay_state import fresh_run
+    network, ops, starts, ends, inject = _phase()
+    count, per_cycle = transient_cells.aperiodic_cells(*fresh_run(network, ops, starts, inject), 106)
+    assert count == replay.run_replay(network, ops, starts, ends, inject)[0]
+    assert count - 400 < len(per_cycle) < count      # the last PEs' private cycles end it
+    assert (per_cycle[:211] == 256).all() and per_cycle.max() <= 256
+    assert (per_cycle == 0).sum() > 5000
+
+
+def test_a_cell_off_its_pace_is_aperiodic(monkeypatch):
+    """With the period wrong by one cycle almost no cell is periodic after the fill; with hashes that
+    never change, only the op rows' pace decides."""
+    from wse.host.compiler.replay_state import fresh_run
+    network, ops, starts, _, inject = _phase()
+    _, right = transient_cells.aperiodic_cells(*fresh_run(network, ops, starts, inject), 106)
+    _, wrong = transient_cells.aperiodic_cells(*fresh_run(network, ops, starts, inject), 105)
+    assert (wrong == 0).sum() < (right == 0).sum() // 10
+    monkeypatch.setattr(transient_cells, "cell_hashes", lambda queues, *a: np.zeros(queues.rx.shape[0], np.uint64))
+    _, pace = transient_cells.aperiodic_cells(*fresh_run(network, ops, starts, inject), 106)
+    assert (pace <= right).all()        # equal hashes everywhere: only a cell whose pace changed counts
+
+
+def test_one_line_per_row_count_and_a_skewed_start(capsys):
+    """Two row counts, then the second with a skewed start: the fields, a replay time only without
+    the skew, and the skewed start's later end."""
+    argv = ["--rows", "32", "64", "--columns", "4"]
+    assert transient_cells.main(argv) == 0
+    assert transient_cells.main(["--rows", "64", "--columns", "4", "--skew", "2.4"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["mesh"] for line in lines] == ["4x32", "4x64", "4x64"]
+    plain, skewed = lines[1], lines[2]
+    assert plain["replay_cpu_s"] is not None and skewed["replay_cpu_s"] is None
+    assert skewed["skew"] == 2.4 and skewed["cycles"] > plain["cycles"]
+    for line in lines:
+        cells = 4 * int(line["mesh"].split("x")[1])
+        assert line["aperiodic_cell_cycles"] <= cells * line["cycles"]
+        assert line["fill_aperiodic_per_cell"] + line["rest_aperiodic_per_cell"] == \
+            pytest.approx(line["aperiodic_cycles_per_cell"], abs=0.2)
+
+
+@pytest.mark.parametrize("argv", [["--rows", "0"], ["--columns", "0"], ["--period", "0"], ["--skew", "-1"],
+                                  ["--per-row", "0.001", "--rows", "8"]])
+def test_bad_arguments_are_usage_errors(argv):
+    from wse.config import UsageError
+    with pytest.raises(UsageError, match="expected positive rows"):
+        transient_cells.main(argv)
