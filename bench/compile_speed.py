@@ -32,7 +32,9 @@ With ``--cyclic`` the cycle model also runs on the case planned with every activ
 cyclic (``weight_streaming.SPREAD`` off: rows ``0 .. E-1`` hold a partial last round's ``E`` features,
 as before the spread layout of ``docs/weight_streaming.md`` section 3): ``cyclic_speedup_cpu`` is its
 CPU time over the spread plan's, ``cyclic_step_cycles`` its step's cycles (the fabric time the
-spread layout costs or saves). ``max_rss_gb`` is the process's peak memory so far.
+spread layout costs or saves). ``max_rss_gb`` is the process's peak memory so far. ``replay_cpu_s``
+gives each distinct replay's CPU seconds (of the thread that ran it) by the first phase that needed
+it (phases of equal inputs take its count: ``docs/weight_streaming.md`` section 9 item 4).
 
     .venv/bin/python bench/compile_speed.py                   # the sizes below that fit a few minutes
     .venv/bin/python bench/compile_speed.py --cases mlp1024 --baseline
@@ -233,7 +235,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
     from wse.config import FabricConfig
     from wse.firmware.training import training_program
     from wse.host.compiler import trace
-    from wse.host.compiler import codegen, cycles, weight_streaming
+    from wse.host.compiler import codegen, cycle_cache, cycles, weight_streaming
     from wse.host.compiler.weight_streaming import plan
 
     sizes, (width, height), batch = CASES[name]
@@ -248,6 +250,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
     the_plan = plan(graph, config, batch)
     stages["plan"] = time.perf_counter() - t
     cycles.MEMO = cycles.ReplayMemo()      # nothing carried over from an earlier case
+    cycle_cache.TALLY.replay_cpu_s.clear()
     warm_figures = {}
     if warm:
         counts = _warm_cycle_model(the_plan, warm_figures)
@@ -256,6 +259,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
     else:
         counts, stages["cycle_model"], cycle_cpu = _timed(
             lambda: cycles.phase_cycles(the_plan, training_program(config), progress=progress))
+    replay_cpu = {phase: round(cpu, 2) for phase, cpu in cycle_cache.TALLY.replay_cpu_s.items()}
     if not cycles_only:
         t = time.perf_counter()
         codegen.generate(the_plan, cycles=False, progress=False)
@@ -269,6 +273,7 @@ def run_case(name: str, baseline: bool, cycles_only: bool, engines: bool = False
               "cycle_model_cpu_s": round(cycle_cpu, 3), "compile_cpu_s": round(cpu_total, 3),
               "cpu_s_per_million_pe_layers": round(cpu_total / pe_layers * 1e6, 3),
               "step_cycles": int(sum(counts[n] for n in the_plan.phases)), "phase_cycles": counts,
+              "replay_cpu_s": replay_cpu,
               "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2), **warm_figures}
     if engines:
         cycles.MEMO = cycles.ReplayMemo()

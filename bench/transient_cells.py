@@ -19,13 +19,16 @@ cycle at which every cell is periodic) and of the rest (the round boundaries and
 fraction of cells periodic at the phase's middle (a check on ``D``), and the CPU seconds of the cycle
 model's replay of the phase (``replay.run_replay``, the default engine and every rule).
 
+``--png`` draws each row count's aperiodic cycles a cell, the fill's and the rest's, beside the
+least-squares line ``a + b H`` through them.
+
 ``--skew S`` starts row ``i``'s PEs ``round(S * (H - 1 - i))`` cycles late, as if their op lists began
 with that many private cycles (an experiment on the fabric's schedule, not what the compiler emits):
 the column ring's steady state has each row about 2.4 cycles ahead of the row before it, and a start
 already skewed so skips most of the fill, at the price of a later end. The replay's CPU seconds are
 then left out (``null``).
 
-    .venv/bin/python bench/transient_cells.py                         # H = 128, 256, 512, 994 on 8 columns: about 8 minutes
+    .venv/bin/python bench/transient_cells.py --png docs/img/transient_cells.png   # H = 128, 256, 512, 994 on 8 columns: about 8 minutes
     .venv/bin/python bench/transient_cells.py --rows 994 --skew 2.4   # the same start, skewed
 """
 
@@ -128,6 +131,28 @@ def measure(rows: int, args) -> dict:
             "replay_cpu_s": replay_cpu}
 
 
+def _picture(path: str, lines: list) -> None:
+    """The aperiodic cycles a cell per row count, the fill's under the rest's, and the fitted line."""
+    from compile_speed import figure
+    rows = np.array([int(line["mesh"].split("x")[1]) for line in lines])
+    fill = np.array([line["fill_aperiodic_per_cell"] for line in lines])
+    rest = np.array([line["rest_aperiodic_per_cell"] for line in lines])
+    width = 0.6 * min(np.diff(np.sort(rows)).min() if len(rows) > 1 else rows[0], rows.min())
+    with figure(path, (7, 4.2)) as (fig, ax):
+        ax.bar(rows, fill, width, label="the fill", color="#4c72b0")
+        ax.bar(rows, rest, width, bottom=fill, label="round boundaries and the last round", color="#dd8452")
+        if len(rows) > 1:
+            b, a = np.polyfit(rows, fill + rest, 1)
+            span = np.array([0, rows.max() * 1.05])
+            ax.plot(span, a + b * span, "k--", lw=1, label=f"{a:,.0f} + {b:.1f} x rows")
+        ax.set_xlabel("rows of the mesh")
+        ax.set_ylabel("cycles a cell off the period")
+        first = lines[0]
+        ax.set_title(f"cells no {first['period']}-cycle period holds, {first['phase']}, "
+                     f"{first['mesh'].split('x')[0]} columns", fontsize=10)
+        ax.legend(fontsize=8)
+
+
 def main(argv=None) -> int:
     from wse.config import UsageError
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -138,15 +163,22 @@ def main(argv=None) -> int:
     parser.add_argument("--phase", default="fwd 0")
     parser.add_argument("--period", type=int, default=106, help="the phase's steady period D, cycles")
     parser.add_argument("--skew", type=float, default=0.0, help="start row i this many cycles a row late")
+    parser.add_argument("--png", help="draw the aperiodic cycles a cell per row count into this PNG file")
     args = parser.parse_args(argv)
+    if args.png and not args.png.endswith(".png"):
+        raise UsageError(f"--png: {args.png!r}; expected a file name ending in .png")
     bad = [f"--{k} {v}" for k, v in (("rows", min(args.rows)), ("columns", args.columns), ("tokens", args.tokens),
                                        ("period", args.period)) if v < 1]
     bad += [f"--{k} {v}" for k, v in (("per-row", args.per_row), ("skew", args.skew)) if v < 0]
     if bad or round(args.per_row * min(args.rows)) < 1:
         raise UsageError(f"{', '.join(bad) or f'--per-row {args.per_row}'}: expected positive rows, columns, "
                          "tokens and period, a width of at least one feature and a skew of 0 or more")
+    lines = []
     for rows in args.rows:
-        print(json.dumps(measure(rows, args)), flush=True)
+        lines.append(measure(rows, args))
+        print(json.dumps(lines[-1]), flush=True)
+    if args.png:
+        _picture(args.png, lines)
     return 0
 
 

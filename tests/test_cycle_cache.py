@@ -52,7 +52,11 @@ def test_a_warm_compile_reads_every_replay_and_gives_the_same_executable(tmp_pat
     assert cycle_cache.TALLY.replayed > 0 and cycle_cache.TALLY.cached == 0
     stored = _entries()
     assert len(stored) == cycle_cache.TALLY.stored == cycle_cache.TALLY.replayed
+    spent = cycle_cache.TALLY.replay_cpu_s      # each replay's CPU seconds, by the first phase that needed it
+    assert len(spent) == cycle_cache.TALLY.replayed and set(spent) <= set(cold.phases)
+    assert all(s > 0 for s in spent.values())
     cycle_cache.TALLY.reset()
+    assert cycle_cache.TALLY.replay_cpu_s == {} and cycle_cache.TALLY.replay_cpu_s is not spent
 
     def no_replay(*args, **kwargs):
         raise AssertionError("a warm compile replayed")
@@ -60,6 +64,7 @@ def test_a_warm_compile_reads_every_replay_and_gives_the_same_executable(tmp_pat
     monkeypatch.setattr(cycles, "MEMO", cycles.ReplayMemo())
     warm = compile_model(model, x, batch=6, config=FabricConfig(width=3, height=2))
     assert cycle_cache.TALLY.cached == len(stored) and cycle_cache.TALLY.replayed == 0
+    assert cycle_cache.TALLY.replay_cpu_s == {}
     assert {n: p.cycles for n, p in warm.phases.items()} == {n: p.cycles for n, p in cold.phases.items()}
     a, b = _saved(cold, tmp_path / "cold.wse"), _saved(warm, tmp_path / "warm.wse")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

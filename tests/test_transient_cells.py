@@ -80,11 +80,12 @@ def test_a_cell_off_its_pace_is_aperiodic(monkeypatch):
     assert (pace <= right).all()        # equal hashes everywhere: only a cell whose pace changed counts
 
 
-def test_one_line_per_row_count_and_a_skewed_start(capsys):
+def test_one_line_per_row_count_and_a_skewed_start(capsys, tmp_path):
     """Two row counts, then the second with a skewed start: the fields, a replay time only without
-    the skew, and the skewed start's later end."""
-    argv = ["--rows", "32", "64", "--columns", "4"]
+    the skew, the skewed start's later end, and the picture."""
+    argv = ["--rows", "32", "64", "--columns", "4", "--png", str(tmp_path / "cells.png")]
     assert transient_cells.main(argv) == 0
+    assert (tmp_path / "cells.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert transient_cells.main(["--rows", "64", "--columns", "4", "--skew", "2.4"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["mesh"] for line in lines] == ["4x32", "4x64", "4x64"]
@@ -104,3 +105,10 @@ def test_bad_arguments_are_usage_errors(argv):
     from wse.config import UsageError
     with pytest.raises(UsageError, match="expected positive rows"):
         transient_cells.main(argv)
+
+
+def test_a_picture_not_named_png_is_a_usage_error(tmp_path):
+    from wse.config import UsageError
+    with pytest.raises(UsageError, match="ending in .png"):
+        transient_cells.main(["--rows", "8", "--png", str(tmp_path / "cells.jpg")])
+    assert not list(tmp_path.iterdir())

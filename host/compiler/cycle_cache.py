@@ -120,7 +120,9 @@ class Tally:
     """Where this process's distinct replays came from: read from the cache (``cached``),
     replayed (``replayed``), of which ``stored`` written to it; ``shared`` phases took the count
     of an earlier replay of this process (:data:`~.cycles.MEMO`). ``folder`` is the cache's
-    folder, ``off`` says why no cache was used, ``failed`` why entries could not be written."""
+    folder, ``off`` says why no cache was used, ``failed`` why entries could not be written.
+    ``replay_cpu_s`` holds the CPU seconds (of its thread) of each replay run, by the name of the
+    first phase that needed it (``bench/compile_speed.py`` prints them)."""
 
     cached: int = 0
     replayed: int = 0
@@ -129,11 +131,13 @@ class Tally:
     folder: str | None = None
     off: str | None = None
     failed: str | None = None
+    replay_cpu_s: dict = dataclasses.field(default_factory=dict)
 
     def reset(self) -> None:
         """Back to no compile counted."""
         for field in dataclasses.fields(self):
-            setattr(self, field.name, field.default)
+            setattr(self, field.name, field.default_factory() if field.default is dataclasses.MISSING
+                    else field.default)
 
 
 #: The tally of this process's compiles (:func:`report_line`).

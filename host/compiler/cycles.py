@@ -44,6 +44,7 @@ import hashlib
 import heapq
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -260,9 +261,13 @@ def _replay_phases(network: Network, phases, count: int, *, periods: bool, reuse
     def replay_next():
         with lock:
             digest = heapq.heappop(ready)[2]
-        return digest, _replay_exits(*todo[digest][1], periods=periods, engine=engine)
+        began = time.thread_time()
+        result = _replay_exits(*todo[digest][1], periods=periods, engine=engine)
+        return digest, result, time.thread_time() - began
 
-    def finished(digest, result) -> None:
+    def finished(digest, result, cpu) -> None:
+        first = names[digest][0][0]
+        tally.replay_cpu_s[first] = tally.replay_cpu_s.get(first, 0.0) + cpu
         if reuse:
             MEMO.put(todo[digest][0], result)
             tally.replayed += 1
