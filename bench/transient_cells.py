@@ -13,7 +13,8 @@ its state ``D`` cycles before and its op rows moved as many rows in the last ``D
 features a row). The others are the cells a replay that takes the rest of the mesh from a recorded
 period must step (the region replay, section 9 item 6), and while any exist the whole state does not
 repeat, so the period search's skips and jumps take nothing: their count over the phase (the
-*aperiodic cell-cycles*) bounds that kind of replay's work from below. One JSON line per H: the
+*aperiodic cell-cycles*) bounds that kind of replay's work from below (two states that hash alike
+count as equal, so a collision can only lower the count). One JSON line per H: the
 phase's cycles, the aperiodic cell-cycles in all and per cell, those of the fill (up to the first
 cycle at which every cell is periodic) and of the rest (the round boundaries and the last round), the
 fraction of cells periodic at the phase's middle (a check on ``D``), and the CPU seconds of the cycle
@@ -63,8 +64,10 @@ def cell_hashes(queues, cores, writes, t: int) -> np.ndarray:
 
 
 def aperiodic_cells(routes, ports, ops, queues, cores, events, scalars, period: int):
-    """Step the reference replay a cycle at a time to the phase's end: ``(cycles, per-cycle counts of
-    cells not periodic with ``period``)`` (module docstring; every cell counts before ``2 * period``)."""
+    """Step the reference replay a cycle at a time until every PE has reached the end of its op list:
+    ``(the phase's cycles, per-cycle counts of the cells not periodic with ``period``)`` (module
+    docstring; every cell counts before ``2 * period``; the last PEs' closing private cycles are not
+    stepped)."""
     from wse.host.compiler.replay import _FINISHED, _LAST, _OUT_OF_TIME, _run
     from wse.host.compiler.replay_state import _WRITE
     cells = queues.router_fifo.shape[0]
