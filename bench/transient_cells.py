@@ -63,6 +63,16 @@ def cell_hashes(queues, cores, writes, t: int) -> np.ndarray:
                         active & (cores.written_at == t), writes)
 
 
+def off_period(hashes: np.ndarray, pcs: np.ndarray, t: int, period: int) -> np.ndarray:
+    """Which cells are not periodic with ``period`` at cycle ``t`` (module docstring), from ring buffers
+    ``hashes`` and ``pcs`` (``[2 * period + 1, cells]``, cycle ``u`` at row ``u mod`` their length) holding
+    cycles ``t - 2 * period`` to ``t``: the state differs from ``period`` cycles before, or the op rows
+    moved a different number of rows over the last ``period`` cycles than over the ``period`` before."""
+    keep = hashes.shape[0]
+    k, a, b = t % keep, (t - period) % keep, (t - 2 * period) % keep
+    return (hashes[k] != hashes[a]) | (pcs[k] - pcs[a] != pcs[a] - pcs[b])
+
+
 def aperiodic_cells(routes, ports, ops, queues, cores, events, scalars, period: int):
     """Step the reference replay a cycle at a time until every PE has reached the end of its op list:
     ``(the phase's cycles, per-cycle counts of the cells not periodic with ``period``)`` (module
@@ -92,9 +102,7 @@ def aperiodic_cells(routes, ports, ops, queues, cores, events, scalars, period: 
         if t < 2 * period:
             counts.append(cells)
             continue
-        a, b = (t - period) % keep, (t - 2 * period) % keep
-        periodic = (hashes[k] == hashes[a]) & (pcs[k] - pcs[a] == pcs[a] - pcs[b])
-        counts.append(cells - int(periodic.sum()))
+        counts.append(int(off_period(hashes, pcs, t, period).sum()))
 
 
 def measure(rows: int, args) -> dict:

@@ -28,6 +28,24 @@ def _phase(mesh=(4, 64), width=264, batch=32, phase="fwd 0"):
     return cycles.Network(config, plan.routes), ops, starts, ends, cycles.phase_injections(the_phase)
 
 
+def test_a_cell_is_off_the_period_when_its_state_or_its_pace_differs():
+    """Cells repeating every 3 and 5 cycles with op rows moving steadily, one that never repeats, and
+    one whose states repeat every 4 cycles while its op rows speed up: at every cycle, periods 15 and
+    30 hold for the first two, 3 for the first only, 4 and 2 for neither, and none for the last two."""
+    t = np.arange(200)
+    hashes = np.stack([t % 3, 100 + t % 5, 1000 + t, 2000 + t % 4], axis=1).astype(np.uint64)
+    pcs = np.stack([t // 3, 2 * t, t, t * t], axis=1)
+    for period, expected in [(15, [0, 0, 1, 1]), (30, [0, 0, 1, 1]), (3, [0, 1, 1, 1]), (4, [1, 1, 1, 1]),
+                             (2, [1, 1, 1, 1])]:
+        keep = 2 * period + 1
+        for now in range(2 * period, 200):
+            ring_h, ring_p = np.zeros((keep, 4), np.uint64), np.zeros((keep, 4), np.int64)
+            for u in range(now - 2 * period, now + 1):
+                ring_h[u % keep], ring_p[u % keep] = hashes[u], pcs[u]
+            assert transient_cells.off_period(ring_h, ring_p, now, period).astype(int).tolist() == expected, \
+                (period, now)
+
+
 @pytest.mark.parametrize("phase", ["fwd 0", "bwd-data 4"])
 def test_the_hashes_are_the_region_replays_signatures(phase):
     """At every cycle of the first 300, each cell's hash equals the region replay's signature of the
@@ -78,6 +96,7 @@ def test_a_cell_off_its_pace_is_aperiodic(monkeypatch):
     monkeypatch.setattr(transient_cells, "cell_hashes", lambda queues, *a: np.zeros(queues.rx.shape[0], np.uint64))
     _, pace = transient_cells.aperiodic_cells(*fresh_run(network, ops, starts, inject), 106)
     assert (pace <= right).all()        # equal hashes everywhere: only a cell whose pace changed counts
+    assert pace[212:].sum() > 0 and (pace[212:] == 0).sum() > 0
 
 
 def test_one_line_per_row_count_and_a_skewed_start(capsys, tmp_path):
