@@ -5,9 +5,9 @@ growth stays above linear").
 For each ``--rows`` H, plans an MLP about ``--per-row`` features wide a row (default 4.12: four on
 every row and a fifth on 12% of them, spread, as the 4096-wide MLP on the wafer's 994 rows) on a
 ``--columns`` x H mesh at ``--tokens`` tokens a column, replays ``--phase`` on the reference engine a
-cycle at a time and hashes every cell's relative state each cycle (the fields of the period search's
-snapshot: queues, output queue from its head, cycles until free, element index, an element entering
-the output queue, a pending write, done). A cell is *periodic* at cycle ``t`` when its state equals
+cycle at a time and hashes every cell's relative state each cycle (the region replay's per-cell hash,
+``RegionSearch._signature``, of the period search's snapshot: queues, output queue from its head,
+cycles until free, element index, an element entering the output queue, a pending write, done). A cell is *periodic* at cycle ``t`` when its state equals
 its state ``D`` cycles before and its op rows moved as many rows in the last ``D`` cycles as in the
 ``D`` before (``D``: ``--period``, the phase's steady period: 106 cycles for 8 tokens and four or five
 features a row). The others are the cells a replay that takes the rest of the mesh from a recorded
@@ -46,23 +46,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def cell_hashes(queues, cores, writes, t: int) -> np.ndarray:
-    """Each cell's hash at the start of cycle ``t``: the region replay's per-cell hash
-    (``replay_region_steps._cell_hashes``) of the fields of the period search's snapshot
-    (``replay_periods._snapshot``'s ``rel``); ``writes[p]``: the color of PE ``p``'s pending write, -1
-    none. Equal states give equal hashes; equal hashes prove nothing (a measurement only)."""
-    from wse.host.compiler.replay_region_steps import _cell_hashes
-    depth = queues.tx_colors.shape[1]
-    ahead = np.arange(depth)[None, :]
-    tx = np.take_along_axis(queues.tx_colors, (queues.tx_head[:, None] + ahead) % depth, axis=1)
-    tx[ahead >= queues.tx_count[:, None]] = -1
-    active = ~cores.done
-    return _cell_hashes(queues.router_fifo, queues.rx, tx, cores.done,
-                        np.where(active, np.maximum(cores.free_at - t, 0), 0).astype(np.int32),
-                        np.where(active, cores.vector_index, 0).astype(np.int32),
-                        active & (cores.written_at == t), writes)
-
-
 def off_period(hashes: np.ndarray, pcs: np.ndarray, t: int, period: int) -> np.ndarray:
     """Which cells are not periodic with ``period`` at cycle ``t`` (module docstring), from ring buffers
     ``hashes`` and ``pcs`` (``[2 * period + 1, cells]``, cycle ``u`` at row ``u mod`` their length) holding
@@ -79,12 +62,12 @@ def aperiodic_cells(routes, ports, ops, queues, cores, events, scalars, period: 
     docstring; every cell counts before ``2 * period``; the last PEs' closing private cycles are not
     stepped)."""
     from wse.host.compiler.replay import _FINISHED, _LAST, _OUT_OF_TIME, _run
-    from wse.host.compiler.replay_state import _WRITE
-    cells = queues.router_fifo.shape[0]
+    from wse.host.compiler.replay_periods import _snapshot
+    from wse.host.compiler.replay_region import RegionSearch
+    cells, colors = queues.router_fifo.shape
     keep = 2 * period + 1
     hashes = np.zeros((keep, cells), np.uint64)
     pcs = np.zeros((keep, cells), np.int64)
-    writes = np.full(cells, -1, np.int8)
     counts, t = [], 0
     while True:
         t += 1
@@ -93,11 +76,8 @@ def aperiodic_cells(routes, ports, ops, queues, cores, events, scalars, period: 
             return int(scalars[_LAST] + 1), np.array(counts)
         if status != _OUT_OF_TIME:
             raise RuntimeError("the cycle model's replay hung: the schedule would not finish on the fabric")
-        writes[:] = -1
-        n = events.count[_WRITE]
-        writes[events.who[_WRITE, :n]] = events.color[_WRITE, :n]
         k = t % keep
-        hashes[k] = cell_hashes(queues, cores, writes, t)
+        hashes[k] = RegionSearch._signature(_snapshot(queues, cores, events, ports, t, colors, scalars))
         pcs[k] = cores.pc
         if t < 2 * period:
             counts.append(cells)
